@@ -112,6 +112,7 @@ def label_histogram_declaration(num_classes: int, bound: int) -> StatisticDeclar
         kind="int",
         learners=frozenset({"server", "clients"}),
         per_round=False,
+        record_sensitivity=1,   # one record adds 1 to one class's count
         description=(
             "FedShift's global label counts Σ_i n_{i,k}, summed once before training; every client "
             "divides by the total to get P(y) for its classifier shift ln(P_i(y)/P(y)). The server "

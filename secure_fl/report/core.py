@@ -22,8 +22,8 @@ Loading runs
 :class:`RunRecord`
     A read-only view of one stored run: ``id``, ``batch_id``, ``name``, ``label``, ``method``
     (registry name), ``method_label`` (display name, :data:`METHOD_LABELS`), ``loss``,
-    ``protocol``, ``update_protocol``, ``seed``, ``status``, ``config`` (the resolved config
-    dict), ``history`` (``tuple[RoundRow]``, see :mod:`secure_fl.store`), ``tail_rounds``;
+    ``protocol``, ``update_protocol``, ``statistic_protocols`` / ``protocol_summary`` (per-statistic
+    overrides), ``seed``, ``status``, ``config`` (the resolved config dict), ``history`` (``tuple[RoundRow]``, see :mod:`secure_fl.store`), ``tail_rounds``;
     ``final`` / ``tail`` (dicts of ``accuracy``, ``minority_accuracy``, ``auc``,
     ``per_class_accuracy`` — the same summary as ``secure-fl run --json``, fractions),
     ``curve(metric)`` (per-round values as a float array, NaN where missing),
@@ -217,6 +217,19 @@ class RunRecord:
     def bytes_total(self) -> int:
         return sum(r.bytes_total for r in self.history)
 
+    @property
+    def statistic_protocols(self) -> dict[str, str]:
+        """Per-statistic protocol overrides (``[secure.statistics]``); others use ``protocol``."""
+        return dict(self.param("secure.statistics", {}) or {})
+
+    @property
+    def protocol_summary(self) -> str:
+        """``protocol`` plus its overrides, e.g. ``plain (label_histogram: paillier)``."""
+        overrides = self.statistic_protocols
+        if not overrides:
+            return self.protocol
+        return f"{self.protocol} ({', '.join(f'{k}: {v}' for k, v in sorted(overrides.items()))})"
+
     def curve(self, metric: str = "accuracy") -> np.ndarray:
         """Per-round values of ``metric`` (float64, NaN where a round has none)."""
         if metric not in METRICS:
@@ -252,8 +265,8 @@ class RunRecord:
         out: dict[str, Any] = {
             "id": self.id, "batch_id": self.batch_id, "name": self.name, "label": self.label,
             "method": self.method, "loss": self.loss, "protocol": self.protocol,
-            "update_protocol": self.update_protocol, "seed": self.seed, "status": self.status,
-            "rounds": self.rounds, "final": self.final, "tail": self.tail, "tail_rounds": self.tail_rounds,
+            "update_protocol": self.update_protocol, "statistic_protocols": self.statistic_protocols,
+            "seed": self.seed, "status": self.status, "rounds": self.rounds, "final": self.final, "tail": self.tail, "tail_rounds": self.tail_rounds,
         }
         if history:
             out["accuracy_per_round"] = [r.accuracy for r in self.history]
@@ -665,7 +678,7 @@ def get_table(name: str) -> TableSpec:
 def runs_table(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
     """One line per run, and (with ``out_dir``) every run's accuracy per round in one plot."""
     rows = [
-        [r.id, r.name, r.label or "—", r.method_label, r.loss, r.protocol, r.seed, r.rounds,
+        [r.id, r.name, r.label or "—", r.method_label, r.loss, r.protocol_summary, r.seed, r.rounds,
          format_percent(summary_value(r, "final")), format_percent(summary_value(r, "tail"))]
         for r in runs
     ]

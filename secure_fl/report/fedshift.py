@@ -114,13 +114,14 @@ def _setting(runs: Sequence[RunRecord], *, exclude: str | Callable[[RunRecord], 
     """The shared setting of a table's runs, in words (keys that vary are left out)."""
     keys = [("data.partition_params.alpha", "α"), ("data.num_clients", "N"), ("train.clients_per_round", "per round"),
             ("train.local_epochs", "E"), ("train.rounds", "rounds"), ("train.batch_size", "B"),
-            ("train.lr", "lr"), ("data.train_samples", "train samples"), ("model.name", "model")]
+            ("train.lr", "lr"), ("data.train_samples", "train samples"), ("model.name", "model"),
+            ("model.hidden", "hidden")]
     seeds = sorted({r.seed for r in runs})
     out = []
     for key, word in keys:
         if key == exclude:
             continue
-        values = {str(r.param(key, None)) for r in runs}
+        values = {str(r.param(key, None)).replace(" ", "") for r in runs}
         if len(values) == 1 and "None" not in values:
             out.append(f"{word} = {values.pop()}")
     out.append(f"seeds {', '.join(map(str, seeds))}")

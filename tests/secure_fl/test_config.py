@@ -163,3 +163,16 @@ def test_demo_config_is_small() -> None:
         work = run.train.rounds * (run.data.train_samples or 60000) * run.train.local_epochs
         assert work <= 200_000  # samples trained per run: seconds on 2 cores with the MLP
     assert {r.method.name for r in experiment.runs} >= {"fedavg"}
+
+
+TRAINING_CONFIGS = sorted(p for p in (ROOT / "experiments").rglob("*.toml")
+                          if "[population]" not in p.read_text())  # Dubhe's selection studies have their own schema
+
+
+@pytest.mark.parametrize("path", TRAINING_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "experiments")))
+def test_every_experiment_config_validates(path: Path) -> None:
+    """A table's config must not rot while nobody has the hours (or the GPU) to run it."""
+    experiment = load_config(path)
+    assert experiment.runs
+    for run in experiment.runs:
+        assert run.train.rounds >= 1 and run.data.num_clients >= 1
