@@ -39,7 +39,7 @@ _SCHEME_FLAGS = {
     "dirichlet": {"alpha"},
     "climb": {"alpha", "rho", "minority"},
     "ratio": {"global_ratio", "minority"},
-    "dubhe": {"rho", "emd"},
+    "dubhe": {"rho", "emd", "profile"},
 }
 _FLAG_NAMES = {
     "alpha": "--alpha",
@@ -47,6 +47,7 @@ _FLAG_NAMES = {
     "minority": "--minority",
     "global_ratio": "--global-ratio",
     "emd": "--emd",
+    "profile": "--profile",
 }
 
 
@@ -81,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--emd", type=float, metavar="E", help="dubhe: target EMD_avg (default 1.5)"
     )
+    parser.add_argument(
+        "--profile", choices=["dirichlet", "mixture"],
+        help="dubhe: clients' label mixes Dir(beta*C*p_g) (default) or one dominant class each",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default 0)")
     parser.add_argument("--root", metavar="PATH", help="directory of the dataset files")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -123,7 +128,8 @@ def build_params(args: argparse.Namespace) -> dict[str, Any]:
             "global_ratio": _or(args.global_ratio, DEFAULT_GLOBAL_RATIO),
             "minority_classes": minority,
         }
-    return {"rho": _or(args.rho, DEFAULT_DUBHE_RHO), "emd_avg": _or(args.emd, DEFAULT_DUBHE_EMD)}
+    return {"rho": _or(args.rho, DEFAULT_DUBHE_RHO), "emd_avg": _or(args.emd, DEFAULT_DUBHE_EMD),
+            "profile": args.profile or "dirichlet"}
 
 
 def _or(value: float | None, default: float) -> float:

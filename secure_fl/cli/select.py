@@ -38,6 +38,8 @@ def register(sub: Any) -> None:
     p.add_argument("--per-round", type=int, default=20, help="K, clients per round (default 20)")
     p.add_argument("--rho", type=float, default=10.0, help="global imbalance ratio (default 10)")
     p.add_argument("--emd", type=float, default=1.5, help="target EMD_avg (default 1.5)")
+    p.add_argument("--profile", choices=["dirichlet", "mixture"], default="dirichlet",
+                   help="how clients mix classes: Dir(beta*C*p_g) mixes (default) or one dominant class each")
     p.add_argument("--classes", type=int, default=10, help="C (default 10)")
     p.add_argument("--samples-per-class", type=int, default=6000,
                    help="size of the balanced label pool before the skew (default 6000, as (Fashion-)MNIST)")
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             allow_weak_keys=args.key_bits < 2048, uploads=args.uploads,
         )
         config = StudyConfig(
-            strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd,
+            strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd, profile=args.profile,
             classes=args.classes, samples_per_class=args.samples_per_class, repeats=args.repeats, seed=args.seed,
             dubhe=params, per_entry_sample=args.per_entry_sample,
         )

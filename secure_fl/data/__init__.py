@@ -27,6 +27,7 @@ from secure_fl.data.imbalance import (
 )
 from secure_fl.data.partition import (
     PARTITIONERS,
+    DubheProfile,
     Partition,
     climb_partition,
     dirichlet_partition,
@@ -44,6 +45,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "DatasetNotFoundError",
+    "DubheProfile",
     "InfeasiblePartitionError",
     "Partition",
     "PartitionParameterError",

@@ -607,6 +607,55 @@ def _dubhe_counts(
     return counts
 
 
+DubheProfile = Literal["dirichlet", "mixture"]
+"""How a Dubhe client's labels are drawn (the paper names only the two extremes, §6.1.1)."""
+
+
+def _dirichlet_counts(sizes: np.ndarray, uniforms: np.ndarray, beta: float) -> np.ndarray:
+    """Counts when client k's label mix is q_k ~ Dir(β·C·p_g) and class c is split ∝ q_{k,c}.
+
+    The Gamma variates behind q_k come from fixed ``uniforms`` by the inverse CDF, so one set of
+    draws serves every β of the bisection and EMD_avg moves smoothly with β (fresh draws per β
+    would make the bisection chase noise). Each class is rounded by largest remainder, so class
+    totals — hence ρ — are exact.
+    """
+    from scipy.special import gammainccinv, gammaln
+
+    num_classes = uniforms.shape[1]
+    shape = np.broadcast_to(beta * num_classes * sizes / sizes.sum(), uniforms.shape)
+    with np.errstate(divide="ignore", under="ignore"):
+        log_x = np.log(gammainccinv(shape, 1.0 - uniforms))
+    # Tiny shapes underflow: there log x ≈ (log u + ln Γ(a+1)) / a, the small-a quantile.
+    tiny = ~np.isfinite(log_x)
+    log_x[tiny] = ((np.log(uniforms) + gammaln(shape + 1.0)) / shape)[tiny]
+    # In logs throughout: at small β a class nobody dominates has q_{k,c} below float range
+    # for every k, and its split must still follow the (relative) q_{k,c}.
+    log_q = log_x - _logsumexp(log_x, axis=1)
+    share = np.exp(log_q - _logsumexp(log_q, axis=0))
+    exact = share * sizes
+    counts = np.floor(exact).astype(np.int64)
+    for c in range(num_classes):
+        short = int(sizes[c] - counts[:, c].sum())
+        counts[np.argsort(-(exact[:, c] - counts[:, c]), kind="stable")[:short], c] += 1
+    return counts
+
+
+def _logsumexp(a: np.ndarray, *, axis: int) -> np.ndarray:
+    top = a.max(axis=axis, keepdims=True)
+    return top + np.log(np.exp(a - top).sum(axis=axis, keepdims=True))
+
+
+def _feed_empty(counts: np.ndarray) -> np.ndarray:
+    """Move one sample to each empty client from the largest holder of its likeliest class."""
+    out = counts.copy()
+    for j in np.flatnonzero(out.sum(axis=1) == 0):
+        c = int(np.argmax(out.sum(axis=0)))
+        donor = int(np.argmax(out[:, c]))
+        out[donor, c] -= 1
+        out[j, c] += 1
+    return out
+
+
 def dubhe_partition(
     labels: npt.ArrayLike,
     *,
@@ -615,26 +664,34 @@ def dubhe_partition(
     emd_avg: float,
     rng: np.random.Generator,
     tolerance: float = 0.02,
+    profile: DubheProfile = "dirichlet",
 ) -> Partition:
     """Dubhe's synthetic sets (paper 004, §6.1.1): half-normal global skew ρ and a target EMD_avg.
 
     1. Subsample the labels to half-normal class sizes with imbalance ratio ρ
        (:func:`half_normal_class_sizes`); this fixes the global distribution p_g.
-    2. Give each client a dominant class, clients per class ∝ p_g (largest remainder).
-    3. For a mixing weight w, a fraction w of every class is split among the clients it
-       dominates and the rest is dealt evenly to all clients, so client k's distribution is
-       ≈ (1−w)·p_g + w·e_{d_k} and EMD_k ≈ 2w(1 − p_g(d_k)).
-    4. Bisect w ∈ [0, 1] until the achieved EMD_avg is within ``tolerance`` of ``emd_avg``.
+    2. Spread the classes over clients with one heterogeneity knob, bisected until the achieved
+       EMD_avg is within ``tolerance`` of ``emd_avg``:
 
-    w = 0 is the "same distribution everywhere" extreme and w = 1 the "one class per client"
-    one. A target below EMD(0) — the floor whole samples impose — returns the w = 0 split;
-    a target above EMD(1) + tolerance raises :class:`InfeasiblePartitionError`.
+       * ``profile="dirichlet"`` (default): client k's label mix is q_k ~ Dir(β·C·p_g) and each
+         class is split among clients ∝ q_{k,c}. β → ∞ gives every client p_g, β → 0 one class
+         per client; in between a client holds one, two or a few dominant classes.
+       * ``profile="mixture"``: each client gets one dominant class (clients per class ∝ p_g)
+         and a fraction w of every class goes to the clients it dominates, the rest evenly:
+         client k ≈ (1−w)·p_g + w·e_{d_k}. Every client is a single-class client plus noise.
+
+    The paper names only the two extremes ("the same distribution as the global one" and "only
+    one category of data"); why the default is the Dirichlet profile is in docs/data.md. A
+    target below the rounding floor returns the most even split; a target above the
+    one-class-per-client end + tolerance raises :class:`InfeasiblePartitionError`.
     """
     y = _labels(labels)
     rng = _rng(rng)
     r = _finite("rho", rho, low=1.0)
     target = _finite("emd_avg", emd_avg, low=0.0, high=2.0)
     tol = _finite("tolerance", tolerance, low=0.0)
+    if profile not in ("dirichlet", "mixture"):
+        raise PartitionParameterError(f"profile must be 'dirichlet' or 'mixture', got {profile!r}")
     num_classes = int(y.max()) + 1
     available = np.bincount(y, minlength=num_classes)
     if np.any(available == 0):
@@ -645,43 +702,55 @@ def dubhe_partition(
     n = _num_clients(num_clients, int(sizes.sum()))
     # Which samples survive the skew: a random subset of each class.
     chosen = [rng.permutation(np.flatnonzero(y == c))[: sizes[c]] for c in range(num_classes)]
-    # Dominant classes, proportional to the global distribution.
-    quota = sizes / sizes.sum() * n
-    holders = np.floor(quota).astype(np.int64)
-    for c in np.argsort(-(quota - holders), kind="stable")[: n - int(holders.sum())]:
-        holders[c] += 1
-    dominant = rng.permutation(np.repeat(np.arange(num_classes), holders))
-    order = rng.permutation(n)
 
-    def achieved(w: float) -> tuple[float, np.ndarray]:
-        counts = _dubhe_counts(sizes, dominant, holders, order, w)
+    achieved: Callable[[float], np.ndarray]
+    if profile == "mixture":
+        quota = sizes / sizes.sum() * n
+        holders = np.floor(quota).astype(np.int64)
+        for c in np.argsort(-(quota - holders), kind="stable")[: n - int(holders.sum())]:
+            holders[c] += 1
+        dominant = rng.permutation(np.repeat(np.arange(num_classes), holders))
+        order = rng.permutation(n)
+        knob, even, one_class = "mix_weight", 0.0, 1.0
+
+        def achieved(w: float) -> np.ndarray:
+            return _dubhe_counts(sizes, dominant, holders, order, w)
+    else:
+        uniforms = rng.random((n, num_classes))
+        uniforms[uniforms == 0.0] = np.finfo(np.float64).tiny
+        knob, even, one_class = "concentration", 1e6, 1e-6
+
+        def achieved(beta: float) -> np.ndarray:
+            return _feed_empty(_dirichlet_counts(sizes, uniforms, beta))
+
+    def emd_of(value: float) -> tuple[float, np.ndarray]:
+        counts = achieved(value)
         return float(np.nanmean(emd(counts))), counts
 
-    low_emd, counts = achieved(0.0)
-    high_emd, high_counts = achieved(1.0)
+    low_emd, counts = emd_of(even)
+    high_emd, high_counts = emd_of(one_class)
     if target > high_emd + tol:
         raise InfeasiblePartitionError(
             f"emd_avg={target} is outside the reachable range [{low_emd:.3f}, {high_emd:.3f}] "
             f"for rho={r} and {n} clients on these labels (tolerance {tol})"
         )
-    # Below the rounding floor EMD(0), w = 0 (every client as close to p_g as whole samples
-    # allow) is the answer: Dubhe's "EMD_avg = 0" extreme.
-    best = (0.0 if target <= low_emd else abs(low_emd - target), 0.0, counts)
+    # Below the rounding floor the most even split is the answer: Dubhe's "EMD_avg = 0".
+    best = (0.0 if target <= low_emd else abs(low_emd - target), even, counts)
     if abs(high_emd - target) < best[0]:
-        best = (abs(high_emd - target), 1.0, high_counts)
-    lo_w, hi_w = 0.0, 1.0
+        best = (abs(high_emd - target), one_class, high_counts)
+    lo, hi = even, one_class          # EMD grows from lo to hi
     for _ in range(60):
         if best[0] <= tol / 4:
             break
-        w = 0.5 * (lo_w + hi_w)
-        value, counts = achieved(w)
+        mid = 0.5 * (lo + hi) if profile == "mixture" else math.sqrt(lo * hi)
+        value, counts = emd_of(mid)
         if abs(value - target) < best[0]:
-            best = (abs(value - target), w, counts)
+            best = (abs(value - target), mid, counts)
         if value < target:
-            lo_w = w
+            lo = mid
         else:
-            hi_w = w
-    err, w, counts = best
+            hi = mid
+    err, setting, counts = best
     if err > tol:
         raise InfeasiblePartitionError(
             f"bisection reached EMD_avg within {err:.4f} of emd_avg={target}, above tolerance {tol}"
@@ -693,7 +762,7 @@ def dubhe_partition(
         for j in np.flatnonzero(counts[:, c]):
             parts[j].append(chosen[c][bounds[j] : bounds[j + 1]])
     clients = [np.concatenate(p) if p else np.empty(0, dtype=np.int64) for p in parts]
-    meta = {"rho_target": r, "emd_avg_target": target, "mix_weight": w}
+    meta = {"rho_target": r, "emd_avg_target": target, knob: setting}
     return _finish(y, clients, meta)
 
 

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from protocols import Transcript
 from secure_fl.data.imbalance import l1_to_uniform
+from secure_fl.data.partition import DubheProfile
 
 __all__ = ["Population", "Selector", "dubhe_population", "synthetic_labels"]
 
@@ -95,7 +96,8 @@ def synthetic_labels(num_classes: int, samples_per_class: int) -> npt.NDArray[np
 
 
 def dubhe_population(*, num_clients: int, rho: float, emd_avg: float, rng: np.random.Generator,
-                     num_classes: int = 10, samples_per_class: int = 6000) -> Population:
+                     num_classes: int = 10, samples_per_class: int = 6000,
+                     profile: DubheProfile = "dirichlet") -> Population:
     """Per-client counts of Dubhe's synthetic sets (half-normal skew ρ, target EMD_avg).
 
     Calls :func:`secure_fl.data.dubhe_partition` on a balanced synthetic label array (6000 per
@@ -105,7 +107,8 @@ def dubhe_population(*, num_clients: int, rho: float, emd_avg: float, rng: np.ra
     from secure_fl.data import dubhe_partition
 
     labels = synthetic_labels(num_classes, samples_per_class)
-    partition = dubhe_partition(labels, num_clients=num_clients, rho=rho, emd_avg=emd_avg, rng=rng)
+    partition = dubhe_partition(labels, num_clients=num_clients, rho=rho, emd_avg=emd_avg, rng=rng,
+                                profile=profile)
     return Population(partition.class_counts(labels, num_classes))
 
 

@@ -85,6 +85,7 @@ class _Study:
             num_clients=int(pop.get("clients", 1000)), rho=float(pop.get("rho", 10.0)),
             emd_avg=float(pop.get("emd_avg", 1.5)), rng=np.random.default_rng([self.seed, 0]),
             num_classes=int(pop.get("classes", 10)), samples_per_class=int(pop.get("samples_per_class", 6000)),
+            profile=pop.get("profile", "dirichlet"),
         )
         n = self.population.num_clients
         if any(not 1 <= k <= n for k in [self.per_round, *self.participation]):

@@ -23,6 +23,7 @@ from phe import paillier as phe_paillier
 
 from protocols import SERVER, Transcript
 from protocols.primitives import paillier as raw
+from secure_fl.data.partition import DubheProfile
 
 from .base import Population, Selector, dubhe_population
 from .baselines import RandomSelector
@@ -42,6 +43,8 @@ class StudyConfig:
     per_round: int = 20
     rho: float = 10.0
     emd: float = 1.5
+    profile: DubheProfile = "dirichlet"
+    """How clients mix classes (:func:`secure_fl.data.dubhe_partition`)."""
     classes: int = 10
     samples_per_class: int = 6000
     repeats: int = 100
@@ -64,7 +67,7 @@ class StudyConfig:
 def make_population(config: StudyConfig) -> Population:
     return dubhe_population(num_clients=config.clients, rho=config.rho, emd_avg=config.emd,
                             rng=np.random.default_rng([config.seed, POPULATION]), num_classes=config.classes,
-                            samples_per_class=config.samples_per_class)
+                            samples_per_class=config.samples_per_class, profile=config.profile)
 
 
 def build_selector(config: StudyConfig) -> Selector:

@@ -55,6 +55,19 @@ def test_json_report_for_each_scheme(capsys: pytest.CaptureFixture[str]) -> None
     assert all(sum(1 for v in row if v) == 1 for row in report["clients"])
 
 
+def test_dubhe_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["partition", "mnist5k", "--scheme", "dubhe", "--clients", "40", "--rho", "5", "--emd", "1.5"]
+    mixed = np.array(run_json(capsys, argv)["clients"])
+    single = np.array(run_json(capsys, argv + ["--profile", "mixture"])["clients"])
+    np.testing.assert_array_equal(mixed.sum(axis=0), single.sum(axis=0))  # same global skew
+    assert emd_avg(mixed) == pytest.approx(1.5, abs=0.02) and emd_avg(single) == pytest.approx(1.5, abs=0.02)
+    # mixture: one dominant class per client, with its fixed share; dirichlet: lead shares vary
+    def lead(counts: np.ndarray) -> np.ndarray:
+        return np.sort(counts / counts.sum(axis=1, keepdims=True), axis=1)[:, -1]
+
+    assert np.std(lead(mixed)) > 2 * np.std(lead(single))
+
+
 def test_seed_determinism(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["partition", "digits", "--scheme", "dirichlet", "--clients", "5", "--seed", "3"]
     first, second = run_json(capsys, argv), run_json(capsys, argv)
@@ -78,6 +91,7 @@ def test_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     [
         (["--scheme", "dirichlet", "--clients", "4", "--emd", "1"], "--emd does not apply"),
         (["--scheme", "ratio", "--clients", "4", "--alpha", "1"], "--alpha does not apply"),
+        (["--scheme", "dirichlet", "--clients", "4", "--profile", "mixture"], "--profile does not apply"),
         (["--scheme", "climb", "--clients", "4", "--minority", "2"], "needs --rho"),
         (["--scheme", "dirichlet", "--clients", "4", "--alpha", "-1"], "alpha"),
         (["--scheme", "dirichlet", "--clients", "100000"], "num_clients"),

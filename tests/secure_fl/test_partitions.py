@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -273,10 +274,11 @@ def test_half_normal_sizes_hit_rho_and_shape() -> None:
     np.testing.assert_array_equal(half_normal_class_sizes(np.full(4, 7), rho=1.0), np.full(4, 7))
 
 
+@pytest.mark.parametrize("profile", ["dirichlet", "mixture"])
 @pytest.mark.parametrize("target", [0.5, 1.0, 1.5])
 @pytest.mark.parametrize("rho", [2.0, 10.0])
-def test_dubhe_hits_rho_and_emd_avg(natural: np.ndarray, rho: float, target: float) -> None:
-    part = dubhe_partition(natural, num_clients=200, rho=rho, emd_avg=target, rng=rng())
+def test_dubhe_hits_rho_and_emd_avg(natural: np.ndarray, rho: float, target: float, profile: str) -> None:
+    part = dubhe_partition(natural, num_clients=200, rho=rho, emd_avg=target, rng=rng(), profile=profile)
     counts = part.class_counts(natural, 10)
     total = counts.sum(axis=0)
     assert abs(total[0] / total[-1] / rho - 1.0) <= 0.01
@@ -286,22 +288,48 @@ def test_dubhe_hits_rho_and_emd_avg(natural: np.ndarray, rho: float, target: flo
     assert part.meta["emd_avg_target"] == target
 
 
-def test_dubhe_extremes_and_parameters(natural: np.ndarray) -> None:
-    one_class = dubhe_partition(
-        natural, num_clients=50, rho=10.0, emd_avg=1.73, rng=rng(), tolerance=0.1
-    )
-    assert one_class.meta["mix_weight"] > 0.9
-    floor = dubhe_partition(natural, num_clients=1000, rho=10.0, emd_avg=0.0, rng=rng())
-    assert floor.meta["mix_weight"] == 0.0  # "EMD_avg = 0": as even as whole samples allow
+@pytest.mark.parametrize(("profile", "knob", "one_class"), [("dirichlet", "concentration", lambda v: v < 0.01),
+                                                            ("mixture", "mix_weight", lambda v: v > 0.9)])
+def test_dubhe_extremes_and_parameters(natural: np.ndarray, profile: str, knob: str,
+                                       one_class: Callable[[float], bool]) -> None:
+    top = dubhe_partition(natural, num_clients=50, rho=10.0, emd_avg=1.73, rng=rng(), tolerance=0.1,
+                          profile=profile)
+    assert one_class(top.meta[knob])
+    floor = dubhe_partition(natural, num_clients=1000, rho=10.0, emd_avg=0.0, rng=rng(), profile=profile)
     assert 0.0 < floor.meta["emd_avg"] < 0.5  # ~9 samples per client: rounding floor
-    balanced = dubhe_partition(natural, num_clients=10, rho=1.0, emd_avg=0.0, rng=rng())
-    assert balanced.meta["emd_avg"] < 0.01
+    balanced = dubhe_partition(natural, num_clients=10, rho=1.0, emd_avg=0.0, rng=rng(), profile=profile)
+    assert balanced.meta["emd_avg"] < 0.02
     with pytest.raises(InfeasiblePartitionError, match="reachable range"):
-        dubhe_partition(natural, num_clients=50, rho=10.0, emd_avg=1.95, rng=rng())
+        dubhe_partition(natural, num_clients=50, rho=10.0, emd_avg=1.95, rng=rng(), profile=profile)
     with pytest.raises(PartitionParameterError, match="emd_avg"):
-        dubhe_partition(natural, num_clients=50, rho=10.0, emd_avg=2.5, rng=rng())
+        dubhe_partition(natural, num_clients=50, rho=10.0, emd_avg=2.5, rng=rng(), profile=profile)
     with pytest.raises(PartitionParameterError, match="rho"):
-        dubhe_partition(natural, num_clients=50, rho=0.5, emd_avg=1.0, rng=rng())
+        dubhe_partition(natural, num_clients=50, rho=0.5, emd_avg=1.0, rng=rng(), profile=profile)
+
+
+def test_dubhe_mixture_extremes_are_the_papers() -> None:
+    labels = np.repeat(np.arange(10), 600)
+    floor = dubhe_partition(labels, num_clients=1000, rho=10.0, emd_avg=0.0, rng=rng(), profile="mixture")
+    assert floor.meta["mix_weight"] == 0.0  # "EMD_avg = 0": as even as whole samples allow
+    with pytest.raises(PartitionParameterError, match="profile"):
+        dubhe_partition(labels, num_clients=10, rho=10.0, emd_avg=1.0, rng=rng(), profile="zipf")  # type: ignore[arg-type]
+
+
+def test_dubhe_dirichlet_clients_mix_a_few_classes_and_dominance_follows_the_global_skew() -> None:
+    labels = np.repeat(np.arange(10), 6000)
+    part = dubhe_partition(labels, num_clients=1000, rho=10.0, emd_avg=1.5, rng=rng())
+    counts = part.class_counts(labels, 10)
+    p = counts / counts.sum(axis=1, keepdims=True)
+    top = np.sort(p, axis=1)[:, ::-1]
+    # Neither extreme: most clients are led by one class, but many hold a second one too.
+    assert 0.5 < np.mean(top[:, 0]) < 0.95
+    assert np.mean(top[:, 1] > 0.1) > 0.2
+    # Which class leads a client follows p_g (Dir(β·C·p_g) at small β): rare classes lead few.
+    leaders = np.bincount(np.argmax(p, axis=1), minlength=10) / 1000
+    p_g = counts.sum(axis=0) / counts.sum()
+    assert np.abs(leaders - p_g).sum() < 0.15
+    sizes = counts.sum(axis=1)
+    assert sizes.min() >= 0.6 * sizes.mean() and sizes.max() <= 1.6 * sizes.mean()
 
 
 # --- imbalance measures ---------------------------------------------------------------------

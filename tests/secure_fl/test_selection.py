@@ -203,7 +203,7 @@ def test_dubhe_is_more_balanced_than_random() -> None:
     dubhe_l1 = _mean_l1(DubheSelector(DubheParams(protocol="plain", search_tries=10)), pop, k, 300, 0)
     multi_l1 = _mean_l1(DubheSelector(DubheParams(protocol="plain", tries=10, sigma=(0.7, 0.1))), pop, k, 300, 0)
     greedy_l1 = _mean_l1(GreedySelector(), pop, k, 30, 0)
-    assert dubhe_l1 < 0.8 * random_l1
+    assert dubhe_l1 < 0.75 * random_l1  # 33 % lower on this population (the paper-scale target is 35 % at N = 1000)
     assert multi_l1 < 0.8 * dubhe_l1
     assert greedy_l1 < multi_l1
     # Random selection follows the skewed global distribution.
