@@ -440,7 +440,9 @@ class RatioMonitor:
     per-class auxiliary updates with a unit step); :meth:`ratios` gives ℝ of a snapshot;
     :meth:`estimate` gives ``v_pt`` from the snapshots of ``G_t`` and ``G_{t+1}``.
 
-    ``templates="start"`` uses the updates at ``G_t`` (the paper); ``"midpoint"`` their mean at
+    ``templates="start"`` uses the updates at ``G_t`` — the paper, explicitly ("feed samples of
+    every class in the auxiliary data singly to the same global model of round t, i.e., G_t"),
+    hence the default; ``"midpoint"`` their mean at
     ``G_t`` and ``G_{t+1}`` — the trapezoid rule along the round's path, which corrects for the
     gradients shrinking during local training (an extension; the monitor holds both models
     anyway, and ``G_{t+1}``'s updates are the next round's ``G_t`` updates, so it costs nothing).

@@ -716,7 +716,10 @@ def build_report(
     out = None if out_dir is None else Path(out_dir)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    report = spec.formatter(runs, TableContext(out_dir=out, metric=metric, options=dict(options or {})))
+    context_options = dict(options or {})
+    if workspace is not None:  # formatters that read more than the runs (checkpoints) read the same store
+        context_options.setdefault("workspace", str(workspace))
+    report = spec.formatter(runs, TableContext(out_dir=out, metric=metric, options=context_options))
     if out is not None:
         (out / f"{table}.md").write_text(report.markdown)
     return report, runs

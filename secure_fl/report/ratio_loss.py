@@ -3,7 +3,7 @@
 =====================  =====================================================  ======================================
 table                  rows × columns                                         configs
 =====================  =====================================================  ======================================
-``ratio-table2``       loss (CE, Focal, GHMC, Ratio Loss) × Γ (B., 10:1 …),   experiments/ratio_loss/table2_*.toml,
+``ratio-table2``       loss (CE, Focal, GHMC, Ratio Loss) × Γ (B., 10:1 …),   experiments/ratio_loss/table2/*.toml,
                        Ac.M (%) then AUC, one block per dataset               experiments/ratio_loss/smoke.toml
 ``ratio-table4``       loss (MSE, MFE) × classes per client (2 … 5), with     experiments/ratio_loss/table4_*.toml
                        the mean local/global cosine similarity CS per column
@@ -19,11 +19,12 @@ only in their seed, of each run's ``tail`` (``--metric final``: last round).
 Monitor telemetry (v_pt, the truth, their cosine, the partition's CS) is not a per-round
 metric of the run store: the ``ratio_loss`` method keeps it in its algorithm state, which the
 store saves with the run's latest checkpoint. ``ratio-table4`` (its CS row) and ``ratio-fig2``
-read it from there, in the workspace given by ``--option workspace=DIR`` (default:
-``$SECURE_FL_WORKSPACE``, else ``./runs`` — the same default as ``secure-fl run``).
+read it from there, in the report's workspace (``--workspace DIR``; ``--option workspace=DIR``
+overrides it; default ``$SECURE_FL_WORKSPACE``, else ``./runs`` — as ``secure-fl run``).
 
     secure-fl report experiments/ratio_loss/smoke.toml --table ratio-table2
-    secure-fl report experiments/ratio_loss/table2_fashion.toml --table ratio-table2 --out reports/rl
+    secure-fl report experiments/ratio_loss/table2/fashion_*.toml --table ratio-table2 --out reports/rl \
+        --workspace runs/ratio
     secure-fl report experiments/ratio_loss/fig2_fashion.toml --table ratio-fig2 --out reports/rl
 """
 
@@ -105,9 +106,18 @@ def monitor_telemetry(runs: Sequence[RunRecord], ctx: TableContext) -> dict[str,
         store = RunStore.open_workspace(ctx.options.get("workspace") or None)
     except (StoreError, OSError, sqlite3.Error) as error:
         raise ReportError(f"cannot open the run store for the monitor telemetry: {error}; "
-                          "pass --option workspace=DIR") from None
+                          "pass --workspace DIR") from None
     try:
         for run in wanted:
+            try:
+                stored = store.run(run.id)
+            except (StoreError, sqlite3.Error):
+                stored = None
+            if stored is None or stored.config != run.config:
+                # `report --workspace DIR` reads the runs from DIR but does not tell formatters; without
+                # this check the telemetry would silently come from (or be missing in) another store.
+                raise ReportError(f"run {run.id} is not in {store.path}, where the monitor telemetry is read "
+                                  "from; pass the runs' workspace with --workspace DIR")
             try:
                 checkpoint = store.checkpoint(run.id)
             except (StoreError, sqlite3.Error):
@@ -218,7 +228,7 @@ def fig2(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
     """Ratio Loss's Fig. 2: per round, cos(v_pt, V_t) of the monitor's estimate and the truth."""
     telemetry = monitor_telemetry(runs, ctx)
     if not telemetry:
-        raise ReportError("no ratio_loss run with monitor telemetry among these runs (is --option workspace right?)")
+        raise ReportError("no ratio_loss run with monitor telemetry among these runs (is --workspace right?)")
     threshold = float(ctx.options.get("target", 0.98))
     body, data, curves = [], {}, {}
     for run in runs:

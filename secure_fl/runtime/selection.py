@@ -1,4 +1,4 @@
-"""Client selection strategies by name: ``random`` here; greedy and Dubhe register later.
+"""Client selection strategies by name: ``random`` and ``fixed`` here; greedy and Dubhe register later.
 
 A strategy picks the round's clients from the ids ``0 .. num_clients-1``. It gets the run's
 statistics service in :meth:`SelectionStrategy.setup` (Dubhe sums encrypted registries there)
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -26,6 +26,7 @@ from secure_fl.stats import GlobalStatistics
 
 __all__ = [
     "SELECTION_STRATEGIES",
+    "FixedSelection",
     "RandomSelection",
     "SelectionContext",
     "SelectionStrategy",
@@ -123,3 +124,69 @@ class RandomSelection(SelectionStrategy):
             return tuple(range(ctx.num_clients))
         chosen = ctx.rng.choice(ctx.num_clients, size=ctx.clients_per_round, replace=False)
         return tuple(sorted(int(c) for c in chosen))
+
+
+@dataclass
+class _Fixed:
+    """The clients a :class:`FixedSelection` drew, and the population size they were drawn from."""
+
+    clients: tuple[int, ...] | None = None
+    num_clients: int | None = None
+
+
+@register_selection("fixed")
+@dataclass(frozen=True)
+class FixedSelection(SelectionStrategy):
+    """The first round's clients in every round (Ratio Loss, Table 2: "to keep Γ unchanged").
+
+    Round 0 draws exactly as ``random`` does with that round's seeded generator; later rounds
+    reuse the draw. The draw is saved in ``state_dict`` with every checkpoint, so a resumed run
+    keeps the same clients (the round-0 generator is not available at a later round to re-draw).
+    """
+
+    _fixed: _Fixed = field(default_factory=_Fixed, init=False, repr=False, compare=False)
+
+    @property
+    def clients(self) -> tuple[int, ...] | None:
+        """The fixed clients, or ``None`` before round 0 was selected (or restored)."""
+        return self._fixed.clients
+
+    def select(self, ctx: SelectionContext) -> tuple[int, ...]:
+        if ctx.clients_per_round < 1 or ctx.clients_per_round > ctx.num_clients:
+            raise ValueError(
+                f"selection 'fixed' needs 1 <= clients_per_round <= num_clients, "
+                f"got clients_per_round={ctx.clients_per_round}, num_clients={ctx.num_clients}"
+            )
+        fixed = self._fixed
+        if fixed.clients is None:
+            if ctx.round != 0:
+                raise RuntimeError(
+                    f"selection 'fixed' has no clients at round {ctx.round}: they are drawn at round 0 "
+                    "and restored from the checkpoint on resume, which held none"
+                )
+            fixed.clients = RandomSelection().select(ctx)
+            fixed.num_clients = ctx.num_clients
+        if fixed.num_clients != ctx.num_clients or len(fixed.clients) != ctx.clients_per_round:
+            raise ValueError(
+                f"selection 'fixed' drew {len(fixed.clients)} of {fixed.num_clients} clients, but this round "
+                f"asks for {ctx.clients_per_round} of {ctx.num_clients}"
+            )
+        return fixed.clients
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._fixed.clients is None:
+            return {}
+        return {"clients": list(self._fixed.clients), "num_clients": self._fixed.num_clients}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not state:
+            self._fixed.clients, self._fixed.num_clients = None, None
+            return
+        unknown = sorted(set(state) - {"clients", "num_clients"})
+        if unknown or "clients" not in state or "num_clients" not in state:
+            raise ValueError(f"selection 'fixed' expects keys ['clients', 'num_clients'], got {sorted(state)}")
+        clients = tuple(int(c) for c in state["clients"])
+        num_clients = int(state["num_clients"])
+        if not clients or list(clients) != sorted(set(clients)) or clients[0] < 0 or clients[-1] >= num_clients:
+            raise ValueError(f"selection 'fixed': invalid stored clients {clients} for {num_clients} clients")
+        self._fixed.clients, self._fixed.num_clients = clients, num_clients

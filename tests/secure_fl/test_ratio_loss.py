@@ -478,3 +478,11 @@ loss = "ratio"
         assert "L_MFE" in t4.markdown and "CS 0." in t4.markdown
         f2, _ = build_report([str(config)], "ratio-fig2", store=store, options=options, out_dir=tmp_path / "out")
         assert len(f2.data["runs"]) == 3 and f2.figures and f2.figures[0].exists()
+        # telemetry from another workspace than the runs' is refused, not silently left out
+        from secure_fl.report import ReportError
+
+        with pytest.raises(ReportError, match="--workspace DIR"):
+            build_report([str(config)], "ratio-fig2", store=store, options={"workspace": str(tmp_path / "other")})
+    # the report's own workspace is where the formatter reads the telemetry
+    f2w, _ = build_report([str(config)], "ratio-fig2", workspace=tmp_path / "ws")
+    assert len(f2w.data["runs"]) == 3
