@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
             allow_weak_keys=args.key_bits < 2048, uploads=args.uploads,
         )
         config = StudyConfig(
-            strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd, profile=args.profile,
-            classes=args.classes, samples_per_class=args.samples_per_class, repeats=args.repeats, seed=args.seed,
+            strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd,
+            profile=args.profile, classes=args.classes, samples_per_class=args.samples_per_class, repeats=args.repeats, seed=args.seed,
             dubhe=params, per_entry_sample=args.per_entry_sample,
         )
         result = run_study(config)

@@ -646,7 +646,7 @@ def _logsumexp(a: np.ndarray, *, axis: int) -> np.ndarray:
 
 
 def _feed_empty(counts: np.ndarray) -> np.ndarray:
-    """Move one sample to each empty client from the largest holder of its likeliest class."""
+    """Move one sample of the largest class to each empty client, from that class's largest holder."""
     out = counts.copy()
     for j in np.flatnonzero(out.sum(axis=1) == 0):
         c = int(np.argmax(out.sum(axis=0)))
