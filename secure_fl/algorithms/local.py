@@ -26,7 +26,7 @@ from torch import nn
 
 from secure_fl.losses import Loss
 
-__all__ = ["ClientData", "FlatLayout", "LocalObjective", "LocalResult", "LocalTrainer", "LocalTraining"]
+__all__ = ["ClientData", "FlatLayout", "LocalObjective", "LocalResult", "LocalTrainer", "LocalTraining", "output_linear"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +116,17 @@ class LocalResult:
     loss: float
 
 
+def output_linear(model: nn.Module, num_classes: int) -> tuple[str, nn.Linear]:
+    """The model's last ``nn.Linear`` and its name: the classifier the monitor and the audit read."""
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no nn.Linear output layer")
+    name, layer = linears[-1]
+    if layer.out_features != num_classes:
+        raise ValueError(f"last linear layer {name!r} has {layer.out_features} outputs, expected {num_classes}")
+    return name, layer
+
+
 class FlatLayout:
     """Maps ``model``'s float tensors to and from one flat vector (in ``state_dict`` order).
 
@@ -134,6 +145,12 @@ class FlatLayout:
         index = {id(state[k]): i for i, k in enumerate(self.names)}
         self._parameter_index = [index[id(p)] for p in self.parameters]
         self.other: dict[str, torch.Tensor] = {k: t.data for k, t in state.items() if not t.is_floating_point()}
+
+    def slice_of(self, name: str) -> slice:
+        """Where the tensor ``name`` (a ``state_dict`` key) lies in the flat vector."""
+        index = self.names.index(name)
+        start = int(sum(self.numels[:index]))
+        return slice(start, start + self.numels[index])
 
     def flatten(self) -> torch.Tensor:
         """A new flat float32 vector of the model's current state."""

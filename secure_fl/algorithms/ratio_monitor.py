@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from secure_fl.algorithms.local import FlatLayout
+from secure_fl.algorithms.local import FlatLayout, output_linear
 from secure_fl.stats import StatisticDeclaration
 
 __all__ = [
@@ -300,17 +300,9 @@ class OutputLayer:
 
     @classmethod
     def of(cls, model: nn.Module, layout: FlatLayout, num_classes: int) -> OutputLayer:
-        linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-        if not linears:
-            raise ValueError("the model has no nn.Linear output layer")
-        name, layer = linears[-1]
-        if layer.out_features != num_classes:
-            raise ValueError(f"last linear layer {name!r} has {layer.out_features} outputs, expected {num_classes}")
-        key = f"{name}.weight" if name else "weight"
-        index = layout.names.index(key)
-        start = int(sum(layout.numels[:index]))
-        return cls(module=layer, weight=slice(start, start + layout.numels[index]), num_classes=num_classes,
-                   hidden=layer.in_features)
+        name, layer = output_linear(model, num_classes)
+        weight = layout.slice_of(f"{name}.weight" if name else "weight")
+        return cls(module=layer, weight=weight, num_classes=num_classes, hidden=layer.in_features)
 
     def weights(self, vector: torch.Tensor | npt.ArrayLike) -> FloatArray:
         """``W`` (C × s, float64) of a flat model vector (or of a difference of two)."""

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from secure_fl.algorithms import FlatLayout
+from secure_fl.algorithms.local import FlatLayout, output_linear
 
 __all__ = ["OutputLayerProbe", "auxiliary_set"]
 
@@ -47,24 +47,13 @@ class OutputLayerProbe:
 
     def __init__(self, model: nn.Module, layout: FlatLayout, *, aux_x: torch.Tensor, aux_y: torch.Tensor,
                  num_classes: int) -> None:
-        linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-        if not linears:
-            raise ValueError("the model has no nn.Linear output layer")
-        name, layer = linears[-1]
-        if layer.out_features != num_classes:
-            raise ValueError(f"last linear layer {name!r} has {layer.out_features} outputs, expected {num_classes}")
+        name, layer = output_linear(model, num_classes)
         self.model, self.layout, self.layer = model, layout, layer
         self.num_classes = num_classes
         self.hidden = layer.in_features
-        offsets = np.cumsum((0, *layout.numels))
-        position = {n: i for i, n in enumerate(layout.names)}
         prefix = f"{name}." if name else ""
-        w = position[f"{prefix}weight"]
-        self.weight_slice = slice(int(offsets[w]), int(offsets[w + 1]))
-        self.bias_slice: slice | None = None
-        if layer.bias is not None:
-            b = position[f"{prefix}bias"]
-            self.bias_slice = slice(int(offsets[b]), int(offsets[b + 1]))
+        self.weight_slice = layout.slice_of(f"{prefix}weight")
+        self.bias_slice = layout.slice_of(f"{prefix}bias") if layer.bias is not None else None
         self.aux_x, self.aux_y = aux_x, aux_y
         self.aux_counts = np.bincount(aux_y.cpu().numpy(), minlength=num_classes).astype(np.float64)
 

@@ -7,6 +7,7 @@ every other module of this package is a formatter plug-in for one paper's tables
 or all at once by :func:`load_plugins`. ``secure-fl report`` is the command-line face.
 """
 
+from secure_fl.report import core
 from secure_fl.report.core import (
     METHOD_LABELS,
     METRICS,
@@ -37,32 +38,4 @@ from secure_fl.report.core import (
     summary_value,
 )
 
-__all__ = [
-    "METHOD_LABELS",
-    "METRICS",
-    "TABLES",
-    "MissingRunsError",
-    "ReportError",
-    "RunRecord",
-    "TableContext",
-    "TableReport",
-    "TableSpec",
-    "build_report",
-    "format_mean_std",
-    "format_percent",
-    "get_table",
-    "group_runs",
-    "load_plugins",
-    "load_runs",
-    "markdown_table",
-    "mean_curve",
-    "mean_std",
-    "method_label",
-    "pivot",
-    "plot_curves",
-    "register_table",
-    "rounds_to_reach",
-    "row_labeler",
-    "speedup",
-    "summary_value",
-]
+__all__ = list(core.__all__)  # the package re-exports the core API, nothing more

@@ -39,14 +39,6 @@ from secure_fl.runtime import build_simulation
 WEAK = {"key_bits": 1024, "allow_weak_keys": True}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --- Eq. 6: the ratios, by hand --------------------------------------------------------------------
 
 def _hand_updates() -> np.ndarray:

@@ -34,14 +34,6 @@ from secure_fl.stats import GlobalStatistics
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def synthetic(n: int = 600, classes: int = 4, seed: int = 0) -> Dataset:
     rng = np.random.default_rng(seed)
     y = rng.integers(0, classes, size=n).astype(np.int64)

@@ -47,14 +47,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::secure_fl.privacy.InsecureRando
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset("digits", seed=0)

@@ -29,14 +29,6 @@ CPU = torch.device("cpu")
 TABLE2 = Path(__file__).resolve().parents[2] / "experiments" / "ratio_loss" / "table2"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def context(seed: int, round: int, *, num_clients: int = 100, per_round: int = 20) -> SelectionContext:
     """The context the simulation builds: the generator keyed by (seed, "selection", round)."""
     return SelectionContext(round=round, num_clients=num_clients, clients_per_round=per_round,
