@@ -478,3 +478,51 @@ loss = "ratio"
     # the report's own workspace is where the formatter reads the telemetry
     f2w, _ = build_report([str(config)], "ratio-fig2", workspace=tmp_path / "ws")
     assert len(f2w.data["runs"]) == 3
+
+
+def test_fig2_report_adds_the_mean_over_seeds(tmp_path) -> None:
+    from secure_fl.config import parse_config
+    from secure_fl.report import build_report
+    from secure_fl.runtime.runner import run_experiment
+    from secure_fl.store import RunStore
+
+    text = """
+name = "ratio-fig2-seeds-test"
+tail_rounds = 1
+[data]
+dataset = "digits"
+seed = 0
+num_clients = 20
+partition = "ratio"
+train_samples = 1150
+partition_params = { global_ratio = 1.0, classes_per_client = 3 }
+minority_classes = [0]
+[model]
+name = "mlp"
+hidden = [16]
+[train]
+rounds = 2
+clients_per_round = 8
+lr = 0.01
+momentum = 0.0
+[method]
+name = "ratio_loss"
+mitigation = "off"
+data_seed = 0
+[sweep]
+seed = [0, 1]
+"""
+    config = tmp_path / "t.toml"
+    config.write_text(text)
+    with RunStore.open_workspace(tmp_path / "ws") as store:
+        run_experiment(parse_config(text, source=str(config)), store, device=torch.device("cpu"))
+    report, runs = build_report([str(config)], "ratio-fig2", workspace=tmp_path / "ws")
+    assert len(runs) == 2
+    per_run = [row["mean"] for row in report.data["runs"].values()]
+    (setting, summary), = report.data["seed_means"].items()
+    assert "Γ=B." in setting and "seed" not in setting
+    assert summary["seeds"] == 2
+    assert summary["mean"] == pytest.approx(float(np.mean(per_run)))
+    assert summary["std"] == pytest.approx(float(np.std(per_run)))
+    assert summary["seeds_at_target"] == sum(m >= 0.98 for m in per_run)
+    assert "mean of 2 seeds" in report.markdown
