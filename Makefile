@@ -32,9 +32,16 @@ demo: venv data
 	$(BIN)/secure-fl audit --methods fedavg,fedshift,climb,ratio_loss,dubhe --protocols plain,masking --out runs/audit
 
 test: venv data
-	$(BIN)/python -m mypy
+	$(MAKE) typecheck
 	$(BIN)/python -m pytest -q
 	$(MAKE) bench-smoke
+
+# Strict mypy over what pyproject.toml's [tool.mypy] files names: protocols and secure_fl.
+typecheck: venv
+	$(BIN)/python -m mypy
+
+lint: venv
+	$(BIN)/ruff check secure_fl protocols tests bench experiments
 
 bench-smoke: venv
 	cd bench && ../$(BIN)/asv machine --yes >/dev/null && \

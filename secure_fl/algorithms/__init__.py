@@ -37,7 +37,11 @@ from secure_fl.algorithms.local import (
     LocalTraining,
 )
 from secure_fl.algorithms.ratio_loss import RatioLossMethod, RatioLossParams  # noqa: F401
-from secure_fl.algorithms.reweighting import Reweighting, ReweightingParams, inverse_frequency_weights
+from secure_fl.algorithms.reweighting import (
+    Reweighting,
+    ReweightingParams,
+    inverse_frequency_weights,
+)
 from secure_fl.algorithms.scaffold import Scaffold, ScaffoldParams
 
 __all__ = [

@@ -77,7 +77,7 @@ def smoothed_distribution(counts: npt.ArrayLike, smoothing: float = 1.0) -> np.n
         raise ValueError("counts must be a non-empty vector of non-negative numbers")
     if not smoothing > 0:
         raise ValueError(f"smoothing must be positive, got {smoothing}")
-    return (n + smoothing) / (n.sum() + smoothing * n.size)
+    return np.asarray((n + smoothing) / (n.sum() + smoothing * n.size), dtype=np.float64)
 
 
 def global_prior(histogram: npt.ArrayLike) -> np.ndarray:
@@ -88,7 +88,7 @@ def global_prior(histogram: npt.ArrayLike) -> np.ndarray:
     total = h.sum()
     if total <= 0:
         raise ValueError("the label histogram is empty: no client holds any sample")
-    return h / total
+    return np.asarray(h / total, dtype=np.float64)
 
 
 def classifier_shift(client_counts: npt.ArrayLike, prior: npt.ArrayLike, smoothing: float = 1.0) -> np.ndarray:

@@ -59,7 +59,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -77,9 +77,12 @@ from secure_fl.algorithms.ratio_monitor import (
     ESTIMATORS,
     RATIO_AVERAGES,
     TEMPLATES,
+    Estimator,
     ImbalanceDetector,
+    RatioAverage,
     RatioMonitor,
     Snapshot,
+    Templates,
     cosine_similarity,
     monitor_total_declaration,
     recipe_step,
@@ -97,8 +100,8 @@ __all__ = [
 BROADCAST = "ratio_weights"
 """Name of the broadcast vector ℝ (its bytes are counted as ``ratio_weights_broadcast``)."""
 
-VARIANTS = (("paper", "start"), ("paper", "midpoint"), ("pooled", "start"), ("lstsq", "start"),
-            ("lstsq", "midpoint"))
+VARIANTS: tuple[tuple[Estimator, Templates], ...] = (
+    ("paper", "start"), ("paper", "midpoint"), ("pooled", "start"), ("lstsq", "start"), ("lstsq", "midpoint"))
 """Estimator/template pairs whose cosine similarity the telemetry records every round besides the configured one."""
 
 Aggregation = Literal["uniform", "samples"]
@@ -333,9 +336,11 @@ class RatioLossMethod(FedAvg):
             aux_x=torch.from_numpy(np.ascontiguousarray(x)).to(ctx.device),
             aux_y=torch.from_numpy(np.ascontiguousarray(y)).long().to(ctx.device),
             num_classes=ctx.num_classes, threshold=self.params.threshold,
-            estimator=self.params.estimator,  # type: ignore[arg-type]
-            calibrate=self.params.calibrate, ratio_average=self.params.ratio_average,  # type: ignore[arg-type]
-            templates=self.params.templates)  # type: ignore[arg-type]
+            # the three strings were checked against ESTIMATORS / RATIO_AVERAGES / TEMPLATES in
+            # RatioLossParams.__post_init__
+            estimator=cast(Estimator, self.params.estimator),
+            calibrate=self.params.calibrate, ratio_average=cast(RatioAverage, self.params.ratio_average),
+            templates=cast(Templates, self.params.templates))
         ctx.stats.declare(self._total)
 
     # --- per round: ℝ at G_t ------------------------------------------------------------------------
@@ -486,7 +491,7 @@ def monitor_history(state: Mapping[str, Any] | bytes) -> tuple[list[dict[str, An
 
         state = load_state(bytes(state))
     history = state.get("history") if isinstance(state, Mapping) else None
-    if not isinstance(history, list):
+    if not isinstance(state, Mapping) or not isinstance(history, list):
         raise ValueError("not a ratio_loss algorithm state (no 'history')")  # noqa: TRY004
     return [dict(h) for h in history], dict(state.get("telemetry") or {})
 

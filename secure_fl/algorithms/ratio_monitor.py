@@ -126,7 +126,7 @@ def ratio_matrix(aux_updates: npt.ArrayLike) -> FloatArray:
     own = u[np.arange(q), np.arange(q)]                # (C, s): u[p, p, :]
     others = u.sum(axis=0) - own                       # (C, s): Σ_{j≠p} u[j, p, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ra = (q - 1) * own / others
+        ra: FloatArray = (q - 1) * own / others
     ra[~np.isfinite(ra)] = np.nan
     return ra
 
@@ -262,7 +262,7 @@ def estimate_composition(
         # N̂(λ) = λ·slope + offset with Σ N̂ = N: the step that explains the total.
         lam = (total - offset.sum()) / slope.sum()
         if lam > 0:
-            return np.clip(lam * slope + offset, 0.0, None)
+            return np.asarray(np.clip(lam * slope + offset, 0.0, None), dtype=np.float64)
     return np.clip(slope + offset, 0.0, None)
 
 

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     spec = VectorSpec(length=args.length, bound=args.bound, summands=args.clients)
     clients = list(range(args.clients))
     inputs = {pid: rng.integers(0, args.bound + 1, size=args.length) for pid in clients}
-    n_drop = int(round(args.dropout * args.clients))
+    n_drop = round(args.dropout * args.clients)
     dropped = sorted(int(c) for c in rng.choice(clients, size=n_drop, replace=False))
     try:
         session = make_sum(args.protocol, clients=clients, **_options(args, spec))

@@ -633,7 +633,7 @@ def _dirichlet_counts(sizes: np.ndarray, uniforms: np.ndarray, beta: float) -> n
     log_q = log_x - _logsumexp(log_x, axis=1)
     share = np.exp(log_q - _logsumexp(log_q, axis=0))
     exact = share * sizes
-    counts = np.floor(exact).astype(np.int64)
+    counts: npt.NDArray[np.int64] = np.floor(exact).astype(np.int64)
     for c in range(num_classes):
         short = int(sizes[c] - counts[:, c].sum())
         counts[np.argsort(-(exact[:, c] - counts[:, c]), kind="stable")[:short], c] += 1
@@ -642,7 +642,7 @@ def _dirichlet_counts(sizes: np.ndarray, uniforms: np.ndarray, beta: float) -> n
 
 def _logsumexp(a: np.ndarray, *, axis: int) -> np.ndarray:
     top = a.max(axis=axis, keepdims=True)
-    return top + np.log(np.exp(a - top).sum(axis=axis, keepdims=True))
+    return np.asarray(top + np.log(np.exp(a - top).sum(axis=axis, keepdims=True)))
 
 
 def _feed_empty(counts: np.ndarray) -> np.ndarray:

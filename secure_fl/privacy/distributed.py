@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +40,7 @@ from .ledger import Guarantee, PrivacyLedger, Release
 from .sources import RandomSource, random_source
 
 if TYPE_CHECKING:
-    from secure_fl.stats import GlobalStatistics, StatisticDeclaration
+    from secure_fl.stats import StatisticDeclaration, StatisticRecord
 
 __all__ = ["AUTO", "DistributedDP", "Level", "NoisyRelease", "NoisySum", "PrivacyBudgetError"]
 
@@ -50,6 +50,17 @@ AUTO = "auto"
 
 class PrivacyBudgetError(RuntimeError):
     """A release would go beyond the releases the noise was calibrated for."""
+
+
+class StatisticsService(Protocol):
+    """What :meth:`NoisySum.request` needs of the run's statistics service: a
+    :class:`~secure_fl.stats.GlobalStatistics`, or the service's own plain-sum view of itself."""
+
+    @property
+    def records(self) -> Sequence[StatisticRecord]: ...
+
+    def request(self, declaration: StatisticDeclaration, inputs: Mapping[int, npt.ArrayLike], *, round: int,
+                protocol: str | None = None) -> npt.NDArray[np.float64]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,7 +318,7 @@ class NoisySum:
         return NoisyRelease(np.asarray(outcome.total, dtype=np.float64), outcome, release,
                             clipped_inputs, clipped_noise)
 
-    def request(self, service: GlobalStatistics, inputs: Mapping[int, npt.ArrayLike], *, round: int,
+    def request(self, service: StatisticsService, inputs: Mapping[int, npt.ArrayLike], *, round: int,
                 protocol: str | None = None) -> NoisyRelease:
         """The same through the run's statistics service (which records transcript and bytes)."""
         self._check_budget()

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.stats import beta  # type: ignore[import-untyped]
+from scipy.stats import beta
 
 from protocols import VectorSpec, make_sum
 

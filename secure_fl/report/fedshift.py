@@ -187,7 +187,8 @@ def communication_table(runs: Sequence[RunRecord], *, metric: str = "tail") -> t
     target, _, _ = mean_std([summary_value(r, metric) for r in groups[base]])
     curves = {row: mean_curve(groups[row])[0] for row in rows}
     reached = {row: rounds_to_reach(curves[row], target) for row in rows}
-    out_rows, data = [], {"target": target, "methods": {}}
+    out_rows: list[list[str]] = []
+    data: dict[str, Any] = {"target": target, "methods": {}}
     for row in rows:
         gain = speedup(reached[base], reached[row])
         out_rows.append([row, "—" if reached[row] is None else str(reached[row]),

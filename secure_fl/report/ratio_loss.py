@@ -248,7 +248,7 @@ def fig2(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
             values = np.array([float((h.get("variants") or {}).get(key, np.nan)) for h in history])
             values = values[np.isfinite(values)]
             variants[key] = float(values.mean()) if values.size else None
-        row = {"run": run.id, "rounds": int(cos.size), "mean": float(finite.mean()) if finite.size else None,
+        row: dict[str, Any] = {"run": run.id, "rounds": int(cos.size), "mean": float(finite.mean()) if finite.size else None,
                "min": float(finite.min()) if finite.size else None,
                "share_at_target": float((finite >= threshold).mean()) if finite.size else None,
                "detected_round": detected, "aux_counts": extra.get("aux_counts"), "variants": variants,
@@ -270,7 +270,7 @@ def fig2(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
             continue
         per_variant = {k: [r["variants"][k] for r in rows if r["variants"].get(k) is not None]
                        for k in VARIANT_COLUMNS}
-        summary = {"seeds": len(means), "mean": float(np.mean(means)), "std": float(np.std(means)),
+        summary: dict[str, Any] = {"seeds": len(means), "mean": float(np.mean(means)), "std": float(np.std(means)),
                    "seeds_at_target": int(sum(m >= threshold for m in means)),
                    "variants": {k: float(np.mean(v)) if v else None for k, v in per_variant.items()}}
         summaries[setting] = summary

@@ -75,7 +75,7 @@ class StatisticDeclaration:
             if isinstance(norms, (int, float)) and not isinstance(norms, bool):
                 norms = (float(norms),) * 3
             elif isinstance(norms, (tuple, list)) and len(norms) == 3:
-                norms = tuple(float(v) for v in norms)
+                norms = (float(norms[0]), float(norms[1]), float(norms[2]))
             else:
                 raise ValueError(f"statistic {self.name}: record_sensitivity must be a number or (l1, l2, linf), "
                                  f"got {self.record_sensitivity!r}")

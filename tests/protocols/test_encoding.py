@@ -26,12 +26,12 @@ def test_signed_float_spec_offsets_and_scale():
 
 
 @pytest.mark.parametrize("bad", [
-    dict(length=0, bound=1, summands=1),
-    dict(length=3, bound=0, summands=1),
-    dict(length=3, bound=float("nan"), summands=1),
-    dict(length=3, bound=1.5, summands=2),  # integer spec with fractional bound
-    dict(length=3, bound=1, summands=0),
-    dict(length=3, bound=1e-9, summands=2, kind="float", frac_bits=8),
+    {"length": 0, "bound": 1, "summands": 1},
+    {"length": 3, "bound": 0, "summands": 1},
+    {"length": 3, "bound": float("nan"), "summands": 1},
+    {"length": 3, "bound": 1.5, "summands": 2},  # integer spec with fractional bound
+    {"length": 3, "bound": 1, "summands": 0},
+    {"length": 3, "bound": 1e-9, "summands": 2, "kind": "float", "frac_bits": 8},
 ])
 def test_invalid_specs_are_refused(bad):
     with pytest.raises(EncodingError):

@@ -4,12 +4,19 @@ import numpy as np
 import pytest
 
 from protocols import (
-    SERVER, AbortedError, DropoutPlan, InMemoryTransport, Reveal, VectorSpec, Visibility, make_sum,
+    SERVER,
+    AbortedError,
+    DropoutPlan,
+    InMemoryTransport,
+    Reveal,
+    VectorSpec,
+    Visibility,
+    make_sum,
 )
 from protocols.paillier import Stage
 from protocols.wire import Envelope
 
-WEAK = dict(key_bits=1024, allow_weak_keys=True)
+WEAK = {"key_bits": 1024, "allow_weak_keys": True}
 
 
 def inputs_for(n, length, bound, seed=0):

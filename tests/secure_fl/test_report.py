@@ -104,6 +104,16 @@ def filled(tmp_path: Path) -> tuple[Path, Path, list[str]]:
 
 # --- helpers --------------------------------------------------------------------------------------
 
+def test_package_reexports_exactly_the_core_api() -> None:
+    # secure_fl.report writes its __all__ out (for type checkers): it must not drift from core's
+    import secure_fl.report
+    import secure_fl.report.core
+
+    assert set(secure_fl.report.__all__) == set(secure_fl.report.core.__all__)
+    for name in secure_fl.report.__all__:
+        assert getattr(secure_fl.report, name) is getattr(secure_fl.report.core, name)
+
+
 def test_helpers() -> None:
     assert markdown_table(["a", "b"], [["x", 1.5], ["y|z", None]]) == \
         "| a | b |\n| :--- | ---: |\n| x | 1.5 |\n| y\\|z | — |\n"
