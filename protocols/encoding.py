@@ -85,7 +85,7 @@ class VectorSpec:
     @property
     def magnitude(self) -> int:
         """Largest encoded magnitude m = round(bound * scale)."""
-        return int(round(self.bound * self.scale))
+        return round(self.bound * self.scale)
 
     @property
     def entry_max(self) -> int:
