@@ -65,6 +65,7 @@ __all__ = [
     "Algorithm",
     "ClientContext",
     "ClientUpdate",
+    "HeldOut",
     "ServerContext",
     "SetupContext",
     "algorithm_class",
@@ -94,6 +95,39 @@ class ClientUpdate:
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, eq=False)
+class HeldOut:
+    """Training samples that no client holds: rows ``index`` of the training set ``(x, y)``.
+
+    Server-side data (Ratio Loss's monitor draws its auxiliary samples here). It refers to the
+    training arrays instead of copying them, so a run whose clients use a small subset of a
+    large set does not pay for the rest twice; :meth:`take` copies only the rows asked for.
+    ``index`` is sorted, so positions follow the training set's order.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    index: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.index.ndim != 1 or (self.index.size and (self.index.min() < 0 or self.index.max() >= len(self.y))):
+            raise ValueError("held-out rows must be a 1-d index into the training set")
+        if np.any(np.diff(self.index) <= 0):
+            raise ValueError("held-out rows must be sorted and distinct")
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.asarray(self.y[self.index])
+
+    def take(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of the held-out samples at ``positions`` (0 .. len − 1)."""
+        rows = self.index[np.asarray(positions, dtype=np.int64)]
+        return np.asarray(self.x[rows]), np.asarray(self.y[rows])
+
+
 @dataclass(eq=False)
 class SetupContext:
     """What a method may use before training. ``clients`` is client-side knowledge only."""
@@ -104,6 +138,8 @@ class SetupContext:
     stats: GlobalStatistics
     clients: Mapping[int, ClientData]
     device: torch.device
+    holdout: HeldOut | None = None
+    """Training samples outside every client's data (server side); ``None`` when the runtime has none."""
 
 
 @dataclass(eq=False)

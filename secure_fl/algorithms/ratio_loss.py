@@ -36,15 +36,17 @@ detector's state. It is part of the algorithm's ``state_dict``, so the run store
 the run's latest checkpoint; :func:`monitor_history` reads it back (the report uses it for
 Fig. 2).
 
-**Auxiliary data.** Training samples that no client holds: a runtime that hands the method
-such samples as ``SetupContext.holdout`` (an ``(x, y)`` pair) is used as is; otherwise the
-method loads the run's dataset itself (``aux_dataset``; ``"auto"`` picks the registered dataset
-whose training split contains the clients' samples) and keeps the training samples that are not
-in any client's data (matched by content). So a run must leave some training samples
-unassigned: the ``ratio`` partition at Γ > 1 does for its minority classes, and
-``data.train_samples`` below the training-set size does for every class. Datasets split by a
-seed (``digits``, ``mnist5k``) need ``data_seed`` = the run's data seed; a mismatch is detected
-(a client sample lands in the reloaded test split) and reported.
+**Auxiliary data.** Training samples that no client holds. The runtime hands them over as
+``SetupContext.holdout`` (a :class:`~secure_fl.algorithms.base.HeldOut`: the training rows outside
+every client's partition), and the method draws ``aux_per_class`` of each class there. Without a
+holdout (the method used outside the runtime) it loads the run's dataset itself (``aux_dataset``;
+``"auto"`` picks the registered dataset whose training split contains the clients' samples) and
+keeps the training samples that are in no client's data (matched by content); datasets split by
+a seed (``digits``, ``mnist5k``) then need ``data_seed`` = the run's data seed, and a mismatch is
+detected and reported. Both paths draw with one generator in class order, so they pick the same
+samples (checked on every Ratio Loss config under ``experiments/``). Either way a run must leave
+some training samples unassigned: the ``ratio`` partition at Γ > 1 does for its minority classes,
+and ``data.train_samples`` below the training-set size does for every class.
 
 **Simulation shortcuts** (the runtime gives a method no model outside client training): the
 method keeps a reference to the shared model of the first client context it sees and uses it
@@ -67,6 +69,7 @@ import torch
 from secure_fl.algorithms.base import (
     ClientContext,
     ClientUpdate,
+    HeldOut,
     ServerContext,
     SetupContext,
     register_algorithm,
@@ -94,6 +97,7 @@ __all__ = [
     "RatioLossMethod",
     "RatioLossParams",
     "auxiliary_from_dataset",
+    "auxiliary_from_holdout",
     "monitor_history",
 ]
 
@@ -198,6 +202,37 @@ def _load(name: str, root: str | None, seed: int, test_fraction: float) -> Any:
     return load_dataset(name, root=root, seed=seed, test_fraction=test_fraction)
 
 
+def _draw_per_class(labels: np.ndarray, *, num_classes: int, per_class: int, seed: int, source: str,
+                    pool: int) -> np.ndarray:
+    """Sorted positions of up to ``per_class`` samples of each class (label −1: not available).
+
+    One generator, classes in order: both sources of auxiliary data draw exactly alike, so a run
+    gets the same samples whether the runtime hands them over or the method reloads the dataset.
+    """
+    rng = np.random.default_rng(seed)
+    chosen, short = [], []
+    for k in range(num_classes):
+        idx = np.flatnonzero(labels == k)
+        if idx.size == 0:
+            short.append(k)
+            continue
+        chosen.append(rng.choice(idx, size=min(per_class, idx.size), replace=False))
+    if short:
+        raise ValueError(
+            f"{source}: no training sample of class(es) {short} is held out of the clients' data, so the "
+            "monitor has no auxiliary sample of them; leave some out (e.g. data.train_samples below "
+            f"the {pool} training samples)")
+    return np.sort(np.concatenate(chosen))
+
+
+def auxiliary_from_holdout(holdout: HeldOut, *, num_classes: int, per_class: int,
+                           seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``per_class`` samples per class of the runtime's held-out training samples: ``(x, y)``."""
+    positions = _draw_per_class(holdout.labels, num_classes=num_classes, per_class=per_class, seed=seed,
+                                source="the run's held-out samples", pool=len(holdout.y))
+    return holdout.take(positions)
+
+
 def auxiliary_from_dataset(
     clients: Mapping[int, ClientData],
     *,
@@ -252,20 +287,8 @@ def auxiliary_from_dataset(
         for c in clients.values():
             held.update(_row_hashes(c.x.detach().cpu().numpy()).tolist())
         free = ~np.isin(train_keys, np.fromiter(held, dtype=np.int64, count=len(held)))
-        rng = np.random.default_rng(seed)
-        chosen, short = [], []
-        for k in range(num_classes):
-            idx = np.flatnonzero(free & (data.y_train == k))
-            if idx.size == 0:
-                short.append(k)
-                continue
-            chosen.append(rng.choice(idx, size=min(per_class, idx.size), replace=False))
-        if short:
-            raise ValueError(
-                f"{name}: no training sample of class(es) {short} is held out of the clients' data, so the "
-                "monitor has no auxiliary sample of them; leave some out (e.g. data.train_samples below "
-                f"the {data.y_train.size} training samples)")
-        index = np.sort(np.concatenate(chosen))
+        index = _draw_per_class(np.where(free, data.y_train, -1), num_classes=num_classes,
+                                per_class=per_class, seed=seed, source=name, pool=data.y_train.size)
         return data.x_train[index], data.y_train[index], name
     raise ValueError(f"no registered dataset holds the clients' samples (tried: {', '.join(tried)}); "
                      "set method.aux_dataset / method.aux_root")
@@ -315,19 +338,12 @@ class RatioLossMethod(FedAvg):
         overall = np.sum(list(self._truth.values()), axis=0)
         similarities = [cosine_similarity(v, overall) for v in self._truth.values() if v.sum() > 0]
         self.partition_cosine = float(np.mean(similarities)) if similarities else math.nan
-        holdout = getattr(ctx, "holdout", None)
-        if holdout is not None:
-            x_all, y_all = (torch.as_tensor(np.asarray(t.cpu() if isinstance(t, torch.Tensor) else t))
-                            for t in holdout)
-            rng = np.random.default_rng(self.params.aux_seed)
-            labels = y_all.numpy()
-            chosen = [rng.choice(np.flatnonzero(labels == k), size=min(self.params.aux_per_class,
-                                                                      int((labels == k).sum())), replace=False)
-                      for k in range(ctx.num_classes) if (labels == k).any()]
-            index = torch.from_numpy(np.sort(np.concatenate(chosen)))
-            x, y, source = x_all[index].numpy(), y_all[index].numpy(), "runtime holdout"
+        p = self.params
+        if ctx.holdout is not None:
+            x, y = auxiliary_from_holdout(ctx.holdout, num_classes=ctx.num_classes, per_class=p.aux_per_class,
+                                          seed=p.aux_seed)
+            source = "runtime holdout"
         else:
-            p = self.params
             x, y, source = auxiliary_from_dataset(
                 ctx.clients, num_classes=ctx.num_classes, per_class=p.aux_per_class, dataset=p.aux_dataset,
                 root=p.aux_root or None, data_seed=p.data_seed, test_fraction=p.test_fraction, seed=p.aux_seed)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from secure_fl.algorithms import ClientData, FlatLayout, LocalTraining, make_algorithm
+from secure_fl.algorithms import ClientData, FlatLayout, HeldOut, LocalTraining, make_algorithm
 from secure_fl.config import ConfigError, RunConfig
 from secure_fl.data import PARTITIONERS, Dataset, keep_minority, load_dataset
 from secure_fl.losses import make_loss
@@ -84,6 +84,13 @@ def prepare_partition(config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, 
         params["minority_classes"] = list(data.minority_classes)
     partition = partitioner(labels[pool], num_clients=data.num_clients, rng=seeds.numpy("partition"), **params)
     return pool, tuple(pool[ix] for ix in partition.client_indices)
+
+
+def held_out(dataset: Dataset, client_indices: Sequence[np.ndarray]) -> HeldOut | None:
+    """The training samples outside every client's data (``None`` when the clients hold them all)."""
+    used = np.concatenate(client_indices) if client_indices else np.empty(0, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(dataset.y_train.size), used)
+    return HeldOut(x=dataset.x_train, y=dataset.y_train, index=rest) if rest.size else None
 
 
 def client_data(
@@ -202,4 +209,5 @@ def build_simulation(
         eval_batch_size=config.train.eval_batch_size,
         dp_sgd=dp_sgd,
         privacy_delta=privacy.reporting_delta if privacy.enabled else None,
+        holdout=held_out(dataset, indices),
     )

@@ -42,7 +42,7 @@ from secure_fl.algorithms import (
     ServerContext,
     SetupContext,
 )
-from secure_fl.algorithms.base import DP_SGD_STATE, check_round_metrics
+from secure_fl.algorithms.base import DP_SGD_STATE, HeldOut, check_round_metrics
 from secure_fl.losses import Loss
 from secure_fl.metrics import evaluate_predictions
 from secure_fl.privacy import MODEL, RUN, PrivacyLedger, formal_guarantees
@@ -122,6 +122,7 @@ class Simulation:
         eval_batch_size: int = 1024,
         dp_sgd: DPSGDConfig | None = None,
         privacy_delta: float | None = None,
+        holdout: HeldOut | None = None,
     ) -> None:
         ids = sorted(clients)
         if ids != list(range(len(ids))):
@@ -144,6 +145,8 @@ class Simulation:
         self.device = device
         self.minority_classes = tuple(minority_classes)
         self.eval_batch_size = eval_batch_size
+        self.holdout = holdout
+        """Training samples no client holds (handed to the method's set-up)."""
         self.trainer = LocalTrainer(model, training=training, loss=loss)
         self.layout = self.trainer.layout
         if updates.dimension != self.layout.dimension:
@@ -197,7 +200,7 @@ class Simulation:
         with self.stats.once_per_run():
             self.algorithm.setup(SetupContext(
                 num_clients=self.num_clients, num_classes=self.num_classes, dimension=self.dimension,
-                stats=self.stats, clients=self.clients, device=self.device,
+                stats=self.stats, clients=self.clients, device=self.device, holdout=self.holdout,
             ))
             self.selection.setup(num_clients=self.num_clients, stats=self.stats, clients=self.clients)
 

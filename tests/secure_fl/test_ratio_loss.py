@@ -5,6 +5,7 @@ Ratio, MSE, MFE), the method's wiring (broadcast, errors, resume) and the report
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protocols import SERVER
-from secure_fl.algorithms import FlatLayout, make_algorithm
+from secure_fl.algorithms import FlatLayout, HeldOut, make_algorithm
 from secure_fl.algorithms.ratio_loss import (
     BROADCAST,
     RatioLossMethod,
@@ -294,7 +295,7 @@ def _run(raw: dict, rounds: int | None = None):
 def test_monitor_tracks_the_round_composition_on_a_real_run() -> None:
     sim = _run(_digits(rounds=5))
     algo = sim.algorithm
-    assert isinstance(algo, RatioLossMethod) and algo.aux_source == "digits"
+    assert isinstance(algo, RatioLossMethod) and algo.aux_source == "runtime holdout"
     assert algo.monitor is not None and algo.monitor.aux_counts.min() >= 1
     assert len(algo.history) == 5
     for h, r in zip(algo.history, range(5)):
@@ -312,6 +313,40 @@ def test_auxiliary_samples_are_held_out_of_every_client() -> None:
         assert not (torch.cdist(aux, rows).min(dim=1).values == 0).any()
     # and not from the test set either
     assert not (torch.cdist(aux, sim.x_test.reshape(sim.x_test.shape[0], -1)).min(dim=1).values == 0).any()
+
+
+def test_runtime_holdout_and_dataset_reload_give_the_same_auxiliary_samples() -> None:
+    from secure_fl.algorithms.ratio_loss import auxiliary_from_dataset, auxiliary_from_holdout
+
+    sim = _run(_digits(rounds=1))
+    held = sum(d.num_samples for d in sim.clients.values())
+    assert sim.holdout is not None and len(sim.holdout) == sim.holdout.y.size - held > 0
+    x_h, y_h = auxiliary_from_holdout(sim.holdout, num_classes=10, per_class=32, seed=0)
+    x_d, y_d, name = auxiliary_from_dataset(sim.clients, num_classes=10, per_class=32, seed=0)
+    assert name == "digits" and np.array_equal(x_h, x_d) and np.array_equal(y_h, y_d)
+    np.testing.assert_array_equal(sim.algorithm.monitor.aux_x.numpy(), x_h)
+    # a class with nothing held out is refused, as on the reload path
+    labels = sim.holdout.labels
+    starved = HeldOut(x=sim.holdout.x, y=sim.holdout.y, index=sim.holdout.index[labels != 3])
+    with pytest.raises(ValueError, match=r"class\(es\) \[3\]"):
+        auxiliary_from_holdout(starved, num_classes=10, per_class=32)
+
+
+def test_held_out_rows_are_checked_and_copied_on_demand() -> None:
+    from secure_fl.runtime.build import held_out
+
+    x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10) % 3
+    rest = held_out(SimpleNamespace(x_train=x, y_train=y), [np.array([0, 5, 2]), np.array([9])])
+    assert rest is not None and rest.index.tolist() == [1, 3, 4, 6, 7, 8] and len(rest) == 6
+    assert rest.labels.tolist() == (y[[1, 3, 4, 6, 7, 8]]).tolist()
+    xs, ys = rest.take(np.array([0, 5]))
+    assert xs.tolist() == x[[1, 8]].tolist() and ys.tolist() == y[[1, 8]].tolist()
+    xs[0, 0] = -1.0
+    assert x[1, 0] == 2.0  # a copy, not a view into the training set
+    assert held_out(SimpleNamespace(x_train=x, y_train=y), [np.arange(10)]) is None
+    for bad in (np.array([3, 1]), np.array([1, 1]), np.array([0, 10]), np.array([-1, 2])):
+        with pytest.raises(ValueError):
+            HeldOut(x=x, y=y, index=bad)
 
 
 @pytest.mark.parametrize("protocol,options", [
