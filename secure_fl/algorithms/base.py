@@ -140,6 +140,10 @@ class SetupContext:
     device: torch.device
     holdout: HeldOut | None = None
     """Training samples outside every client's data (server side); ``None`` when the runtime has none."""
+    trainer: LocalTrainer | None = None
+    """The run's model (with its flat layout), local-training recipe and loss: public knowledge the
+    server shares. Server-side code may evaluate a global vector on ``trainer.model`` and must
+    restore its weights; ``None`` when the runtime gives no model."""
 
 
 @dataclass(eq=False)

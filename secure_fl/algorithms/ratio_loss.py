@@ -48,11 +48,13 @@ samples (checked on every Ratio Loss config under ``experiments/``). Either way 
 some training samples unassigned: the ``ratio`` partition at Γ > 1 does for its minority classes,
 and ``data.train_samples`` below the training-set size does for every class.
 
-**Simulation shortcuts** (the runtime gives a method no model outside client training): the
-method keeps a reference to the shared model of the first client context it sees and uses it
-only to evaluate the global model on the auxiliary set; round 0's ℝ (and a resumed run's first
-round) is computed at the first client update from the same broadcast vector, and its bytes are
-logged in ``after_round``.
+**The server's model.** The runtime hands set-up its trainer (``SetupContext.trainer``: the
+model, its flat layout, the clients' recipe and loss — public knowledge); the monitor evaluates
+global vectors on that model (weights and mode restored) and so prepares every round's ℝ in
+``broadcast``, round 0 and a resumed run's first round included. A runtime that gives no trainer
+still works: the method then takes the first client context's trainer, computes that round's ℝ
+at the first client update and logs its broadcast bytes in ``after_round`` (same values and byte
+counts).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from secure_fl.algorithms.base import (
     register_algorithm,
 )
 from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
-from secure_fl.algorithms.local import ClientData, LocalObjective, LocalTraining
+from secure_fl.algorithms.local import ClientData, LocalObjective, LocalTrainer, LocalTraining
 from secure_fl.algorithms.ratio_monitor import (
     ESTIMATORS,
     RATIO_AVERAGES,
@@ -348,6 +350,8 @@ class RatioLossMethod(FedAvg):
                 ctx.clients, num_classes=ctx.num_classes, per_class=p.aux_per_class, dataset=p.aux_dataset,
                 root=p.aux_root or None, data_seed=p.data_seed, test_fraction=p.test_fraction, seed=p.aux_seed)
         self.aux_source = source
+        if ctx.trainer is not None:
+            self._adopt(ctx.trainer)
         self.monitor = RatioMonitor(
             aux_x=torch.from_numpy(np.ascontiguousarray(x)).to(ctx.device),
             aux_y=torch.from_numpy(np.ascontiguousarray(y)).long().to(ctx.device),
@@ -388,7 +392,7 @@ class RatioLossMethod(FedAvg):
 
     def broadcast(self, ctx: ServerContext) -> dict[str, torch.Tensor]:
         if self._prepared != ctx.round:
-            if self._model is None:  # round 0 (or a resumed run's first round): the first client prepares it
+            if self._model is None:  # no trainer at set-up: the first client prepares the round
                 return {}
             self._set_round(ctx.round, self._snap(ctx.global_vector))
         if not self.mitigating(ctx.round):
@@ -398,11 +402,15 @@ class RatioLossMethod(FedAvg):
 
     # --- client side --------------------------------------------------------------------------------
 
+    def _adopt(self, trainer: LocalTrainer) -> None:
+        """The model the monitor evaluates global vectors on, and the clients' recipe and loss."""
+        self._model = (trainer.model, trainer.layout)
+        self._training = trainer.training
+        self._loss = trainer.loss
+
     def _attach(self, ctx: ClientContext) -> None:
-        if self._model is None:
-            self._model = (ctx.trainer.model, ctx.trainer.layout)
-            self._training = ctx.trainer.training
-            self._loss = ctx.trainer.loss
+        if self._model is None:  # a runtime that gave no trainer at set-up: the clients' one
+            self._adopt(ctx.trainer)
         self._lr[ctx.round] = float(ctx.lr)
         if self._prepared != ctx.round:
             self._set_round(ctx.round, self._snap(ctx.global_vector))

@@ -201,6 +201,7 @@ class Simulation:
             self.algorithm.setup(SetupContext(
                 num_clients=self.num_clients, num_classes=self.num_classes, dimension=self.dimension,
                 stats=self.stats, clients=self.clients, device=self.device, holdout=self.holdout,
+                trainer=self.trainer,
             ))
             self.selection.setup(num_clients=self.num_clients, stats=self.stats, clients=self.clients)
 

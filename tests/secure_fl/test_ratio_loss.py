@@ -332,6 +332,26 @@ def test_runtime_holdout_and_dataset_reload_give_the_same_auxiliary_samples() ->
         auxiliary_from_holdout(starved, num_classes=10, per_class=32)
 
 
+def test_server_side_model_and_borrowed_client_model_give_the_same_run() -> None:
+    """With the runtime's trainer at set-up ℝ is prepared server-side; without it, at the first client."""
+    import dataclasses
+
+    raw = _digits(rounds=3, method={"mitigation": "always"}, loss="ratio")
+    served = _run(raw)
+    borrowed = build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
+    setup = borrowed.algorithm.setup
+    borrowed.algorithm.setup = lambda ctx: setup(dataclasses.replace(ctx, trainer=None))  # type: ignore[method-assign]
+    borrowed.setup()
+    assert borrowed.algorithm._model is None and served.algorithm._model is not None
+    for _ in range(3):
+        borrowed.run_round()
+    for a, b in zip(served.algorithm.history, borrowed.algorithm.history, strict=True):
+        np.testing.assert_array_equal(a["estimate"], b["estimate"])
+        np.testing.assert_array_equal(a["ratios"], b["ratios"])
+    assert torch.equal(served.global_vector, borrowed.global_vector)
+    assert served.stats.bytes_by_statistic() == borrowed.stats.bytes_by_statistic()
+
+
 def test_held_out_rows_are_checked_and_copied_on_demand() -> None:
     from secure_fl.runtime.build import held_out
 
