@@ -66,6 +66,22 @@ class SelectionStrategy(ABC):
         if state:
             raise ValueError(f"selection {self.name!r} keeps no state, got keys {sorted(state)}")
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> SelectionStrategy:
+        """The strategy from a config's flat ``[selection]`` keys (its init fields by default)."""
+        refuse_unknown(cls.name, params, {f.name for f in fields(cls) if f.init})  # type: ignore[arg-type]
+        return cls(**params)
+
+
+def refuse_unknown(name: str, params: Mapping[str, Any], known: set[str]) -> None:
+    """A typed error naming the parameters a selection does not know, and those it does."""
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {', '.join(unknown)} for selection {name!r}; "
+            f"known: {', '.join(sorted(known)) or 'none'}"
+        )
+
 
 SELECTION_STRATEGIES: dict[str, type[SelectionStrategy]] = {}
 
@@ -102,16 +118,7 @@ def selection_class(name: str) -> type[SelectionStrategy]:
 
 
 def make_selection(name: str, params: Mapping[str, Any] | None = None) -> SelectionStrategy:
-    cls = selection_class(name)
-    given = dict(params or {})
-    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for selection {name!r}; "
-            f"known: {', '.join(sorted(known)) or 'none'}"
-        )
-    return cls(**given)
+    return selection_class(name).from_params(dict(params or {}))
 
 
 @register_selection("random")

@@ -19,13 +19,18 @@ when the clients' data changes; the simulated data does not).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import numpy as np
 
 from secure_fl.algorithms.local import ClientData
-from secure_fl.runtime.selection import SelectionContext, SelectionStrategy, register_selection
+from secure_fl.runtime.selection import (
+    SelectionContext,
+    SelectionStrategy,
+    refuse_unknown,
+    register_selection,
+)
 from secure_fl.stats import GlobalStatistics, StatisticDeclaration
 
 from .base import Population
@@ -82,39 +87,32 @@ class GreedySelection(SelectionStrategy):
 @register_selection("dubhe")
 @dataclass(frozen=True)
 class DubheSelection(SelectionStrategy):
-    """Dubhe (paper 004) over the run's transport; parameters as :class:`~secure_fl.selection.DubheParams`."""
+    """Dubhe (paper 004) over the run's transport.
 
-    tries: int = 1
-    sigma: tuple[float, ...] | None = None
-    reference_set: tuple[int, ...] | None = None
-    search_grid: tuple[tuple[float, ...], ...] | None = None
-    search_tries: int = 20
-    search: Literal["coordinate", "grid"] = "coordinate"
-    protocol: Literal["paillier", "plain"] = "paillier"
-    key_bits: int = 2048
-    allow_weak_keys: bool = False
-    uploads: Literal["registration", "round"] = "registration"
-    count_bound: int = 65535
-    min_contributors: int = 2
+    A config's ``[selection]`` keys are :class:`~secure_fl.selection.DubheParams`' fields (one flat
+    table) plus this adapter's own ``seed`` and ``reregister_every``.
+    """
+
+    params: DubheParams = field(default_factory=DubheParams)
     seed: int = 0
     reregister_every: int = 0
     _live: _Live | None = field(default=None, init=False, repr=False, compare=False)
 
-    def params(self) -> DubheParams:
-        return DubheParams(
-            reference_set=self.reference_set, sigma=self.sigma, tries=self.tries, search_grid=self.search_grid,
-            search_tries=self.search_tries, search=self.search, protocol=self.protocol, key_bits=self.key_bits,
-            allow_weak_keys=self.allow_weak_keys, uploads=self.uploads,
-            count_bound=self.count_bound, min_contributors=self.min_contributors,
-        )
+    OWN: ClassVar[tuple[str, ...]] = ("seed", "reregister_every")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> DubheSelection:
+        own = {k: v for k, v in params.items() if k in cls.OWN}
+        dubhe = {k: v for k, v in params.items() if k not in cls.OWN}
+        refuse_unknown(cls.name, dubhe, {f.name for f in fields(DubheParams)} | set(cls.OWN))
+        return cls(params=DubheParams(**dubhe), **own)
 
     def __post_init__(self) -> None:
-        self.params()  # validate at config time
         if self.reregister_every < 0:
             raise ValueError("reregister_every must be >= 0")
 
     def setup(self, *, num_clients: int, stats: GlobalStatistics, clients: Mapping[int, ClientData]) -> None:
-        params = self.params()
+        params = self.params
         population = _population(clients)
         codebook = params.codebook(population.num_classes)
         for declaration in (

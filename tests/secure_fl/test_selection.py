@@ -350,6 +350,23 @@ def test_runtime_finds_greedy_and_dubhe_by_name(population: Population) -> None:
         make_selection("dubhe", {"tries": 0})
 
 
+def test_dubhe_selection_reads_one_flat_table_into_its_params() -> None:
+    from secure_fl.runtime import make_selection
+
+    strategy = make_selection("dubhe", {"tries": 3, "sigma": [0.8, 0.1], "search": "grid", "seed": 7,
+                                        "reregister_every": 5})
+    assert strategy.params == DubheParams(tries=3, sigma=(0.8, 0.1), search="grid")  # type: ignore[attr-defined]
+    assert (strategy.seed, strategy.reregister_every) == (7, 5)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) tris .*known: .*reregister_every.*tries"):
+        make_selection("dubhe", {"tris": 3})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        make_selection("dubhe", {"params": {}})
+    with pytest.raises(ValueError, match="reregister_every"):
+        make_selection("dubhe", {"reregister_every": -1})
+    with pytest.raises(ValueError, match="unknown parameter.*_live"):
+        make_selection("greedy", {"_live": None})
+
+
 def test_reregistration_keeps_the_keys_and_refreshes_registry_and_counts(population: Population) -> None:
     selector = DubheSelector(DubheParams(tries=2, sigma=(0.7, 0.1), **TEST_KEYS))
     selector.register(population, np.random.default_rng(0), per_round=8)
