@@ -384,6 +384,12 @@ class RatioLossMethod(FedAvg):
         if self.mitigating(round) and isinstance(self._loss, RatioLoss):
             self._weights = self._loss.class_weights(torch.as_tensor(self._ratios)).numpy().astype(np.float64)
 
+    def _adopt(self, trainer: LocalTrainer) -> None:
+        """The model the monitor evaluates global vectors on, and the clients' recipe and loss."""
+        self._model = (trainer.model, trainer.layout)
+        self._training = trainer.training
+        self._loss = trainer.loss
+
     def _snap(self, vector: torch.Tensor) -> Snapshot:
         if self.monitor is None or self._model is None:
             raise RuntimeError("ratio_loss: setup() was not called or no model is known yet")
@@ -401,12 +407,6 @@ class RatioLossMethod(FedAvg):
         return {BROADCAST: torch.as_tensor(self._ratios, dtype=torch.float32)}
 
     # --- client side --------------------------------------------------------------------------------
-
-    def _adopt(self, trainer: LocalTrainer) -> None:
-        """The model the monitor evaluates global vectors on, and the clients' recipe and loss."""
-        self._model = (trainer.model, trainer.layout)
-        self._training = trainer.training
-        self._loss = trainer.loss
 
     def _attach(self, ctx: ClientContext) -> None:
         if self._model is None:  # a runtime that gave no trainer at set-up: the clients' one
