@@ -248,11 +248,12 @@ def fig2(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
             values = np.array([float((h.get("variants") or {}).get(key, np.nan)) for h in history])
             values = values[np.isfinite(values)]
             variants[key] = float(values.mean()) if values.size else None
-        row: dict[str, Any] = {"run": run.id, "rounds": int(cos.size), "mean": float(finite.mean()) if finite.size else None,
-               "min": float(finite.min()) if finite.size else None,
-               "share_at_target": float((finite >= threshold).mean()) if finite.size else None,
-               "detected_round": detected, "aux_counts": extra.get("aux_counts"), "variants": variants,
-               "per_round": [None if not np.isfinite(c) else float(c) for c in cos]}
+        row: dict[str, Any] = {
+            "run": run.id, "rounds": int(cos.size), "mean": float(finite.mean()) if finite.size else None,
+            "min": float(finite.min()) if finite.size else None,
+            "share_at_target": float((finite >= threshold).mean()) if finite.size else None,
+            "detected_round": detected, "aux_counts": extra.get("aux_counts"), "variants": variants,
+            "per_round": [None if not np.isfinite(c) else float(c) for c in cos]}
         data[name] = row
         settings.setdefault(setting, []).append(row)
         variant_columns = VARIANT_COLUMNS
@@ -270,14 +271,16 @@ def fig2(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport:
             continue
         per_variant = {k: [r["variants"][k] for r in rows if r["variants"].get(k) is not None]
                        for k in VARIANT_COLUMNS}
-        summary: dict[str, Any] = {"seeds": len(means), "mean": float(np.mean(means)), "std": float(np.std(means)),
-                   "seeds_at_target": int(sum(m >= threshold for m in means)),
-                   "variants": {k: float(np.mean(v)) if v else None for k, v in per_variant.items()}}
+        summary: dict[str, Any] = {
+            "seeds": len(means), "mean": float(np.mean(means)), "std": float(np.std(means)),
+            "seeds_at_target": int(sum(m >= threshold for m in means)),
+            "variants": {k: float(np.mean(v)) if v else None for k, v in per_variant.items()}}
         summaries[setting] = summary
-        body.append([f"**{setting}, mean of {len(means)} seeds**", "", f"**{summary['mean']:.4f} ± {summary['std']:.4f}**",
-                     "", f"{summary['seeds_at_target']} of {len(means)} seeds",
-                     *["—" if summary["variants"][k] is None else f"{summary['variants'][k]:.4f}" for k in VARIANT_COLUMNS],
-                     ""])
+        variant_cells = ["—" if summary["variants"][k] is None else f"{summary['variants'][k]:.4f}"
+                         for k in VARIANT_COLUMNS]
+        body.append([f"**{setting}, mean of {len(means)} seeds**", "",
+                     f"**{summary['mean']:.4f} ± {summary['std']:.4f}**", "",
+                     f"{summary['seeds_at_target']} of {len(means)} seeds", *variant_cells, ""])
     md = (f"Cosine similarity of the monitor's estimate v_pt to the round's true class composition "
           f"(mean and min over rounds; % of rounds ≥ {threshold:g}; the detector's first round; "
           f"for a setting run with several seeds, the mean ± std over seeds and how many seeds average ≥ {threshold:g}).\n\n"
