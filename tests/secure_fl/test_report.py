@@ -105,7 +105,7 @@ def filled(tmp_path: Path) -> tuple[Path, Path, list[str]]:
 # --- helpers --------------------------------------------------------------------------------------
 
 def test_package_reexports_exactly_the_core_api() -> None:
-    # secure_fl.report writes its __all__ out (for type checkers): it must not drift from core's
+    # secure_fl.report re-exports core through `import *`: the same names, the same objects
     import secure_fl.report
     import secure_fl.report.core
 
