@@ -26,7 +26,9 @@ from torch import nn
 
 from secure_fl.losses import Loss
 
-__all__ = ["ClientData", "FlatLayout", "LocalObjective", "LocalResult", "LocalTrainer", "LocalTraining", "output_linear"]
+__all__ = [
+    "ClientData", "FlatLayout", "LocalObjective", "LocalResult", "LocalTrainer", "LocalTraining", "output_linear",
+]
 
 
 @dataclass(frozen=True, eq=False)

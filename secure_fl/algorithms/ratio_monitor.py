@@ -258,12 +258,12 @@ def estimate_composition(
         x[present] = _nnls(a, target.reshape(-1))
         return x * (total / x.sum()) if x.sum() > 0 else x
     slope, offset = _solve_paper(per, target, total, threshold, pooled=estimator == "pooled")
+    lam = 1.0
     if calibrate and slope.sum() != 0:
         # N̂(λ) = λ·slope + offset with Σ N̂ = N: the step that explains the total.
-        lam = (total - offset.sum()) / slope.sum()
-        if lam > 0:
-            return np.asarray(np.clip(lam * slope + offset, 0.0, None), dtype=np.float64)
-    return np.clip(slope + offset, 0.0, None)
+        solved = (total - offset.sum()) / slope.sum()
+        lam = solved if solved > 0 else 1.0
+    return np.asarray(np.clip(lam * slope + offset, 0.0, None), dtype=np.float64)
 
 
 def cosine_similarity(a: npt.ArrayLike, b: npt.ArrayLike) -> float:

@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         )
         config = StudyConfig(
             strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd,
-            profile=args.profile, classes=args.classes, samples_per_class=args.samples_per_class, repeats=args.repeats, seed=args.seed,
-            dubhe=params, per_entry_sample=args.per_entry_sample,
+            profile=args.profile, classes=args.classes, samples_per_class=args.samples_per_class,
+            repeats=args.repeats, seed=args.seed, dubhe=params, per_entry_sample=args.per_entry_sample,
         )
         result = run_study(config)
     except (ValueError, ProtocolError) as error:
