@@ -36,7 +36,7 @@ DEFAULT_GLOBAL_RATIO = 10.0
 
 # Which flags each scheme reads; any other flag given is an error, not silently ignored.
 _SCHEME_FLAGS = {
-    "dirichlet": {"alpha"},
+    "dirichlet": {"alpha", "balance"},
     "climb": {"alpha", "rho", "minority"},
     "ratio": {"global_ratio", "minority"},
     "dubhe": {"rho", "emd", "profile"},
@@ -48,6 +48,7 @@ _FLAG_NAMES = {
     "global_ratio": "--global-ratio",
     "emd": "--emd",
     "profile": "--profile",
+    "balance": "--balance",
 }
 
 
@@ -86,6 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--profile", choices=["dirichlet", "mixture"],
         help="dubhe: clients' label mixes Dir(beta*C*p_g) (default) or one dominant class each",
     )  # fmt: skip
+    parser.add_argument(
+        "--balance", action="store_const", const=True,
+        help="dirichlet: the balance step of Wang et al.'s code (no share of later classes for "
+             "clients already holding N/n samples)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default 0)")
     parser.add_argument("--root", metavar="PATH", help="directory of the dataset files")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -113,7 +119,7 @@ def build_params(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--minority must be >= 0, got {minority_count}")
     minority = tuple(range(minority_count))
     if scheme == "dirichlet":
-        return {"alpha": _or(args.alpha, DEFAULT_ALPHA["dirichlet"])}
+        return {"alpha": _or(args.alpha, DEFAULT_ALPHA["dirichlet"]), "balance": bool(args.balance)}
     if scheme == "climb":
         params: dict[str, Any] = {"alpha": _or(args.alpha, DEFAULT_ALPHA["climb"])}
         if args.minority is not None and args.rho is None:

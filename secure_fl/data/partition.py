@@ -185,6 +185,7 @@ def dirichlet_partition(
     alpha: float,
     rng: np.random.Generator,
     min_size: int = 1,
+    balance: bool = False,
     max_tries: int = 100,
 ) -> Partition:
     """For each class c draw p_c ~ Dir_N(α) and give client i the share p_{c,i} of class c.
@@ -192,6 +193,14 @@ def dirichlet_partition(
     Small α concentrates each class on few clients. Every sample is assigned. The whole draw
     is repeated until every client holds at least ``min_size`` samples (Wang et al.'s code
     uses 10; 1 keeps every client trainable) — at most ``max_tries`` times.
+
+    ``balance=True`` adds the "## Balance" step of Wang et al.'s (FedMA) partition code, whose
+    setting FedShift says it follows (docs/data.md: why it is off by default and in FedShift's
+    tables, and what it changes): classes are dealt in label order, and a client that already
+    holds N/n samples or more gets no share of later classes (its p_{c,i} is zeroed and the
+    rest renormalised). Client sizes then stay near N/n, and the clients filled early see fewer
+    classes. Should every client with a positive share be full, the class goes to one
+    not-yet-full client drawn uniformly (the reference code would divide by 0).
     """
     y = _labels(labels)
     rng = _rng(rng)
@@ -207,7 +216,10 @@ def dirichlet_partition(
         )
     if isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 1:
         raise PartitionParameterError(f"max_tries must be a positive int, got {max_tries!r}")
+    if not isinstance(balance, bool):
+        raise PartitionParameterError(f"balance must be a bool, got {balance!r}")
     num_classes = int(y.max()) + 1
+    full_at = y.size / n
     per_class = _by_class(y, np.arange(y.size), num_classes)
     for attempt in range(1, max_tries + 1):
         parts: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -219,12 +231,20 @@ def dirichlet_partition(
             if not np.all(np.isfinite(p)):  # α so small that the draw underflowed
                 p = np.zeros(n)
                 p[rng.integers(n)] = 1.0
+            if balance:
+                open_ = np.array([sum(c.size for c in held) < full_at for held in parts])
+                p = np.where(open_, p, 0.0)
+                if p.sum() > 0.0:
+                    p = p / p.sum()
+                else:
+                    p = np.zeros(n)
+                    p[rng.choice(np.flatnonzero(open_))] = 1.0
             cuts = np.floor(np.cumsum(p)[:-1] * idx.size).astype(np.int64)
             for i, chunk in enumerate(np.split(idx, np.clip(cuts, 0, idx.size))):
                 parts[i].append(chunk)
         clients = [np.concatenate(p) for p in parts]
         if min(c.size for c in clients) >= max(min_size, 1):
-            return _finish(y, clients, {"alpha": a, "tries": float(attempt)})
+            return _finish(y, clients, {"alpha": a, "balance": float(balance), "tries": float(attempt)})
     raise InfeasiblePartitionError(
         f"no Dirichlet draw with alpha={a} gave all {n} clients >= {max(min_size, 1)} samples "
         f"in max_tries={max_tries} tries; raise alpha or lower num_clients/min_size"

@@ -76,6 +76,14 @@ def test_seed_determinism(capsys: pytest.CaptureFixture[str]) -> None:
     assert other["clients"] != first["clients"]
 
 
+def test_balance_flag_keeps_client_sizes_near_n_over_clients(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["partition", "digits", "--scheme", "dirichlet", "--clients", "10", "--alpha", "0.1", "--seed", "2"]
+    plain, balanced = run_json(capsys, argv), run_json(capsys, argv + ["--balance"])
+    assert plain["params"]["balance"] is False and balanced["params"]["balance"] is True
+    sizes = [np.array(r["clients"]).sum(axis=1) for r in (plain, balanced)]
+    assert sizes[1].std() < sizes[0].std()
+
+
 def test_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     png = tmp_path / "heat.png"
     argv = ["partition", "digits", "--scheme", "dubhe", "--clients", "30", "--plot", str(png)]
@@ -93,6 +101,7 @@ def test_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
         (["--scheme", "ratio", "--clients", "4", "--alpha", "1"], "--alpha does not apply"),
         (["--scheme", "dirichlet", "--clients", "4", "--profile", "mixture"], "--profile does not apply"),
         (["--scheme", "climb", "--clients", "4", "--minority", "2"], "needs --rho"),
+        (["--scheme", "dubhe", "--clients", "4", "--balance"], "--balance does not apply"),
         (["--scheme", "dirichlet", "--clients", "4", "--alpha", "-1"], "alpha"),
         (["--scheme", "dirichlet", "--clients", "100000"], "num_clients"),
     ],

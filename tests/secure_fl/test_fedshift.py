@@ -235,3 +235,24 @@ def test_fedshift_beats_fedavg_on_a_strongly_skewed_partition() -> None:
     finally:
         torch.set_num_threads(threads)
     assert tails["fedshift"] >= tails["fedavg"] + 0.01, tails
+
+
+# --- the analysis script ------------------------------------------------------------------------
+
+
+def test_class_overlap_of_the_confusion_analysis() -> None:
+    """experiments/fedshift/confusion_by_overlap.py: 0 for classes never on one client, 1 for classes spread alike."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / "fedshift" / "confusion_by_overlap.py"
+    spec = importlib.util.spec_from_file_location("confusion_by_overlap", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    counts = np.array([[10.0, 0.0, 5.0, 0.0],   # client 0: classes 0 and 2 (half of class 2)
+                       [0.0, 20.0, 5.0, 0.0]])  # client 1: classes 1 and 2; class 3 absent everywhere
+    co = module.overlap(counts)
+    np.testing.assert_allclose(np.diag(co)[:3], 1.0)
+    assert co[0, 1] == co[1, 0] == 0.0
+    assert co[0, 2] == pytest.approx(0.5) and co[1, 2] == pytest.approx(0.5)
+    assert co[3, 0] == 0.0

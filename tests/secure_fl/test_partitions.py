@@ -133,6 +133,35 @@ def test_dirichlet_class_shares_follow_one_draw_per_class(natural: np.ndarray) -
         )
 
 
+def test_dirichlet_balance_is_wang_et_al_s_step(natural: np.ndarray) -> None:
+    """FedMA's "## Balance": a client holding N/n samples or more gets no share of later classes."""
+    n, alpha = 10, 0.1
+    part = dirichlet_partition(natural, num_clients=n, alpha=alpha, rng=rng(3), balance=True)
+    _assert_valid(part, natural.size, n)
+    assert part.meta["balance"] == 1.0
+    counts = part.class_counts(natural, 10)
+    replay, held = rng(3), np.zeros(n)
+    for c in range(10):
+        replay.permutation(np.flatnonzero(natural == c))
+        p = replay.dirichlet(np.full(n, alpha)) * (held < natural.size / n)
+        cuts = np.floor(np.cumsum(p / p.sum())[:-1] * counts[:, c].sum()).astype(np.int64)
+        np.testing.assert_array_equal(counts[:, c], np.diff(np.concatenate([[0], cuts, [counts[:, c].sum()]])))
+        held += counts[:, c]
+    plain = dirichlet_partition(natural, num_clients=n, alpha=alpha, rng=rng(3))
+    assert part.sizes.std() < plain.sizes.std()  # the point of the step: sizes near N/n
+
+
+def test_dirichlet_balance_survives_a_class_whose_whole_share_lands_on_full_clients(balanced: np.ndarray) -> None:
+    """At α = 0.001 each draw is one-hot, sometimes on a full client; the class then goes to an open one.
+
+    Seed 0 takes that branch once: one class finds every open client's share exactly 0."""
+    part = dirichlet_partition(balanced, num_clients=4, alpha=0.001, rng=rng(0), balance=True)
+    _assert_valid(part, balanced.size, 4)
+    assert part.sizes.max() <= balanced.size / 4 + 400  # at most one class past the N/n mark
+    with pytest.raises(PartitionParameterError, match="balance"):
+        dirichlet_partition(balanced, num_clients=4, alpha=0.5, rng=rng(), balance=1)  # type: ignore[arg-type]
+
+
 def test_dirichlet_min_size_and_parameters(balanced: np.ndarray) -> None:
     part = dirichlet_partition(balanced, num_clients=20, alpha=0.5, rng=rng(), min_size=50)
     assert part.sizes.min() >= 50
