@@ -26,6 +26,7 @@ Loading runs
     overrides), ``seed``, ``status``, ``config`` (the resolved config dict), ``history`` (``tuple[RoundRow]``, see :mod:`secure_fl.store`), ``tail_rounds``;
     ``final`` / ``tail`` (dicts of ``accuracy``, ``minority_accuracy``, ``auc``,
     ``per_class_accuracy`` — the same summary as ``secure-fl run --json``, fractions),
+    ``best`` (each of those at its best round, see :data:`SUMMARIES`),
     ``curve(metric)`` (per-round values as a float array, NaN where missing),
     ``param("train.local_epochs")`` (any dotted config key), ``bytes_total``.
 
@@ -36,7 +37,7 @@ Paper tables
         def table1(runs: Sequence[RunRecord], ctx: TableContext) -> TableReport: ...
 
     The formatter gets the loaded runs and a :class:`TableContext` (``out_dir`` where
-    figures go — None means "do not draw", ``metric`` ``"tail"`` or ``"final"``,
+    figures go — None means "do not draw", ``metric`` one of :data:`SUMMARIES`,
     ``options`` from ``--option key=value``) and returns a :class:`TableReport`
     (``markdown``, ``figures`` written, ``data`` JSON-able). Formatter modules are any
     module of this package other than ``core``; :func:`load_plugins` imports them all
@@ -46,7 +47,7 @@ Paper tables
 Helpers (pure functions; accuracies are fractions in, percentages out where formatted)
     :func:`markdown_table` (headers + rows → GitHub Markdown), :func:`mean_std`,
     :func:`format_mean_std` (``"83.52 ± 0.40"``), :func:`group_runs` (by a key
-    function or a dotted config key), :func:`summary_value` (a run's tail/final metric),
+    function or a dotted config key), :func:`summary_value` (a run's tail/final/best metric),
     :func:`pivot` (row key × column key → mean ± std over seeds, as Markdown),
     :func:`mean_curve`, :func:`plot_curves` (mean ± std band per series, matplotlib Agg
     → PNG), :func:`rounds_to_reach` (first round, 1-based, whose value reaches a target),
@@ -76,6 +77,7 @@ from secure_fl.store import RoundRow, RunRow, RunStore, StoreError
 __all__ = [
     "METHOD_LABELS",
     "METRICS",
+    "SUMMARIES",
     "TABLES",
     "MissingRunsError",
     "ReportError",
@@ -105,6 +107,10 @@ __all__ = [
 
 METRICS = ("accuracy", "minority_accuracy", "auc", "train_loss", "test_loss")
 """Per-round metrics a :class:`RoundRow` holds (besides per-class accuracy)."""
+
+SUMMARIES = ("tail", "final", "best")
+"""How a run's rounds become one number (``--metric``): the mean of the last ``tail_rounds``
+rounds, the last round, or the best round (optimistic: chosen on the test set)."""
 
 METHOD_LABELS: dict[str, str] = {
     "fedavg": "FedAvg",
@@ -141,6 +147,11 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
     if not values or len(present) != len(values):
         return None
     return sum(present) / len(present)
+
+
+def _max_or_none(values: Sequence[float | None]) -> float | None:
+    present = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return max(present) if present else None
 
 
 def _summary(rows: Sequence[RoundRow]) -> dict[str, Any]:
@@ -212,6 +223,20 @@ class RunRecord:
     def tail(self) -> dict[str, Any]:
         """Mean over the last ``tail_rounds`` stored rounds (the JSON contract's ``tail``)."""
         return _summary(self.history[-self.tail_rounds:])
+
+    @property
+    def best(self) -> dict[str, Any]:
+        """Each metric's maximum over the stored rounds; per-class accuracy of the best-accuracy round.
+
+        The FedShift paper's own summary ("we take the best performance of each method"). It is
+        picked on the test set, so it flatters every method, noisy ones most.
+        """
+        summary: dict[str, Any] = {key: _max_or_none([getattr(r, key) for r in self.history])
+                                   for key in ("accuracy", "minority_accuracy", "auc")}
+        scored = [r for r in self.history if r.accuracy is not None and math.isfinite(r.accuracy)]
+        top = max(scored, key=lambda r: r.accuracy or 0.0) if scored else None
+        summary["per_class_accuracy"] = list(top.per_class_accuracy) if top is not None else []
+        return summary
 
     @property
     def bytes_total(self) -> int:
@@ -416,11 +441,15 @@ def format_mean_std(values: Iterable[float | None], *, percent: bool = True, dig
 
 
 def summary_value(run: RunRecord, metric: str = "tail", key: str = "accuracy") -> float | None:
-    """``run.tail[key]`` or ``run.final[key]`` (``metric`` is ``"tail"`` or ``"final"``)."""
-    if metric not in ("tail", "final"):
-        raise ReportError(f"metric must be 'tail' or 'final', got {metric!r}")
-    value = (run.tail if metric == "tail" else run.final).get(key)
+    """``run.tail[key]``, ``run.final[key]`` or ``run.best[key]``, as ``metric`` names."""
+    _check_summary(metric)
+    value = getattr(run, metric).get(key)
     return None if value is None else float(value)
+
+
+def _check_summary(metric: str) -> None:
+    if metric not in SUMMARIES:
+        raise ReportError(f"metric must be one of {', '.join(map(repr, SUMMARIES))}, got {metric!r}")
 
 
 def group_runs(runs: Iterable[RunRecord], key: str | Callable[[RunRecord], Any]) -> dict[Any, list[RunRecord]]:
@@ -707,8 +736,7 @@ def build_report(
     allow_missing: bool = False,
 ) -> tuple[TableReport, list[RunRecord]]:
     """Load the runs, format ``table``, and (with ``out_dir``) write ``<table>.md`` and figures there."""
-    if metric not in ("tail", "final"):
-        raise ReportError(f"metric must be 'tail' or 'final', got {metric!r}")
+    _check_summary(metric)
     spec = get_table(table)
     runs = load_runs(sources, store=store, workspace=workspace, allow_missing=allow_missing)
     if not runs:

@@ -15,6 +15,7 @@ import pytest
 from secure_fl.cli import report as report_command
 from secure_fl.config import RunConfig, parse_config
 from secure_fl.report import (
+    SUMMARIES,
     TABLES,
     MissingRunsError,
     ReportError,
@@ -31,6 +32,7 @@ from secure_fl.report import (
     rounds_to_reach,
     row_labeler,
     speedup,
+    summary_value,
 )
 from secure_fl.store import Checkpoint, RoundRow, RunStore
 
@@ -162,6 +164,25 @@ def test_run_record_view(filled: tuple[Path, Path, list[str]]) -> None:
     assert run.final == summary.final and run.tail == summary.tail
 
 
+def test_best_is_each_metric_at_its_best_round(tmp_path: Path) -> None:
+    """The FedShift paper's summary: the peak, not the end; a NaN round is skipped, not propagated."""
+    experiment = parse_config(CONFIG.format(rounds=4, extra=""), source="<test>")
+    config = experiment.runs[0]
+    with RunStore.open_workspace(tmp_path / "ws") as store:
+        _, [run_id] = store.create_batch(name="best", source="<test>", runs=[_describe(config)])
+        for r, (acc, auc) in enumerate([(0.5, 0.9), (0.8, 0.7), (float("nan"), 0.95), (0.6, 0.8)]):
+            row = RoundRow(round=r, accuracy=acc, minority_accuracy=None, auc=auc, train_loss=1.0, test_loss=1.0,
+                           per_class_accuracy=[float(r)] * 10, clients=[0], clipped=0, seconds=0.1)
+            store.record_round(run_id, row, Checkpoint(round=r, model=b"m", algorithm=b"a", selection=b"s"))
+        store.set_status(run_id, "done")
+    [run] = load_runs(run_id, workspace=tmp_path / "ws")
+    assert run.best["accuracy"] == 0.8 and run.best["auc"] == 0.95 and run.best["minority_accuracy"] is None
+    assert run.best["per_class_accuracy"] == [1.0] * 10  # the best-accuracy round's
+    assert summary_value(run, "best") == 0.8 and summary_value(run, "final") == 0.6
+    with pytest.raises(ReportError, match="metric must be one of"):
+        summary_value(run, "median")
+
+
 def test_config_matching_reports_missing_runs_and_picks_the_newest(filled: tuple[Path, Path, list[str]],
                                                                    tmp_path: Path) -> None:
     workspace, config, _ = filled
@@ -287,6 +308,18 @@ def test_cli_json_markdown_and_errors(filled: tuple[Path, Path, list[str]], tmp_
     assert "error" in json.loads(capsys.readouterr().out)
     assert cli("report", str(config), "--table", "nope", "--workspace", str(workspace)) == 1
     assert "unknown table" in capsys.readouterr().err
+    assert cli("report", str(config), "--table", "fedshift-table1", "--metric", "best", "--workspace",
+               str(workspace), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["metric"] == "best"
+    metric_flag = next(a for a in _parser_actions() if a.dest == "metric")
+    assert tuple(metric_flag.choices or ()) == SUMMARIES  # the literal list in the CLI follows the core
+
+
+def _parser_actions() -> list[argparse.Action]:
+    parser = argparse.ArgumentParser(prog="secure-fl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    report_command.register(sub)
+    return list(sub.choices["report"]._actions)
 
 
 @pytest.mark.slow
