@@ -99,12 +99,16 @@ GradientCorrection = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], 
 class LocalObjective:
     """How a method changes plain local training (all optional).
 
-    ``class_weight`` (length C) scales each sample's loss by its class's weight;
-    ``logit_shift`` (length C) is added to the logits before the loss (FedShift);
-    ``gradient_correction`` edits gradients before the optimiser step (FedProx, SCAFFOLD).
+    ``class_weight`` (length C) scales each sample's loss by its class's weight; with
+    ``weighted_mean`` the batch loss is then divided by the batch's mean weight, Σ w ℓ / Σ w
+    (what PyTorch's ``CrossEntropyLoss(weight=…)`` computes), so one rare, heavily weighted
+    sample cannot scale the step; ``logit_shift`` (length C) is added to the logits before the
+    loss (FedShift); ``gradient_correction`` edits gradients before the optimiser step
+    (FedProx, SCAFFOLD).
     """
 
     class_weight: torch.Tensor | None = None
+    weighted_mean: bool = False
     logit_shift: torch.Tensor | None = None
     gradient_correction: GradientCorrection | None = None
 
@@ -228,6 +232,8 @@ class LocalTrainer:
                 if shift is not None:
                     logits = logits + shift
                 loss = loss_fn(logits, data.y[index], class_weight=weight)
+                if weight is not None and objective.weighted_mean:
+                    loss = loss / weight[data.y[index]].mean()
                 opt.zero_grad(set_to_none=False)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if correct is not None:

@@ -19,6 +19,7 @@ from secure_fl.algorithms import (
     LocalTrainer,
     LocalTraining,
     Reweighting,
+    ReweightingParams,
     Scaffold,
     ScaffoldParams,
     inverse_frequency_weights,
@@ -284,3 +285,34 @@ def test_reweighting_trains_with_its_clients_class_weights() -> None:
     before = sim.global_vector.clone()
     sim.run_round()
     assert not torch.equal(before, sim.global_vector)
+
+
+def test_weighted_mean_is_pytorchs_weighted_cross_entropy() -> None:
+    """``weighted_mean``: one local step is one SGD step on ``CrossEntropyLoss(weight=w)`` (Σ w ℓ / Σ w)."""
+    data = synthetic()
+    sim = simulation(data, FedAvg(), LocalTraining(epochs=1, batch_size=16, lr=0.05), shards=[np.arange(data.y_train.size)])
+    client, start = sim.clients[0], sim.global_vector.clone()
+    weight = torch.tensor([0.5, 3.0, 1.0])  # mean weight over the batch ≠ 1, so the division shows
+    trainer = LocalTrainer(sim.model, training=LocalTraining(epochs=1, batch_size=10_000, lr=0.1), loss=make_loss("ce"))
+    steps = {}
+    for flag in (False, True):
+        result = trainer.train(client, start, lr=0.1, shuffle=torch.Generator().manual_seed(0),
+                               objective=LocalObjective(class_weight=weight, weighted_mean=flag))
+        steps[flag] = result.vector - start
+    sim.layout.load(start)
+    loss = torch.nn.CrossEntropyLoss(weight=weight)(sim.model(client.x), client.y)
+    grads = torch.autograd.grad(loss, sim.layout.parameters)
+    torch.testing.assert_close(steps[True], -0.1 * torch.cat([g.reshape(-1) for g in grads]), rtol=1e-4, atol=1e-7)
+    ratio = float(weight[client.y].mean())
+    torch.testing.assert_close(steps[False], steps[True] * ratio, rtol=1e-4, atol=1e-7)
+
+
+def test_reweighting_mean_option() -> None:
+    data = synthetic()
+    sim = simulation(data, Reweighting(ReweightingParams(mean="weights")), LocalTraining(epochs=1, batch_size=16, lr=0.05),
+                     shards=[np.arange(data.y_train.size)])
+    objective = sim.algorithm.local_objective(type("Ctx", (), {"data": sim.clients[0]})())  # type: ignore[attr-defined]
+    assert objective.weighted_mean and objective.class_weight is not None
+    assert not Reweighting().local_objective(type("Ctx", (), {"data": sim.clients[0]})()).weighted_mean  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mean"):
+        ReweightingParams(mean="median")  # type: ignore[arg-type]
