@@ -18,39 +18,28 @@ overlap < --threshold and on the rest, plus the Spearman correlation of overlap 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from secure_fl.config import RunConfig, load_config
-from secure_fl.data import Dataset
-from secure_fl.runtime import build_simulation
+from secure_fl.config import RunConfig
+from secure_fl.report import RunRecord, load_runs
+from secure_fl.runtime import Simulation, build_simulation, load_state
 from secure_fl.runtime.build import load_run_dataset, prepare_partition
-from secure_fl.runtime.simulation import load_state
-from secure_fl.store import RunRow, RunStore
+from secure_fl.store import RunStore
 
 
-def _finished(store: RunStore, config: RunConfig) -> RunRow | None:
-    key = json.dumps(config.to_dict(), sort_keys=True)
-    for row in store.list_runs():
-        if row.status == "done" and json.dumps(RunConfig.from_dict(row.config).to_dict(), sort_keys=True) == key:
-            return row
-    return None
-
-
-def confusion(store: RunStore, row: RunRow, config: RunConfig, dataset: Dataset) -> np.ndarray:
-    """Row-normalised test confusion matrix of the run's final global model."""
-    checkpoint = store.checkpoint(row.id)
+def confusion(store: RunStore, run: RunRecord, sim: Simulation) -> np.ndarray:
+    """Row-normalised test confusion matrix of the run's final global model, evaluated on ``sim``."""
+    checkpoint = store.checkpoint(run.id)
     if checkpoint is None:
-        raise SystemExit(f"run {row.id} has no stored checkpoint (stripped store?)")
-    sim = build_simulation(config, device=torch.device("cpu"), dataset=dataset)
+        raise SystemExit(f"run {run.id} has no stored checkpoint (stripped store?)")
     sim.layout.load(load_state(checkpoint.model)["global"].to(torch.float32))
     with torch.no_grad():
         pred = torch.cat([sim.model(sim.x_test[i:i + 4096]).argmax(1) for i in range(0, sim.x_test.shape[0], 4096)])
-    classes = dataset.num_classes
+    classes = sim.num_classes
     matrix = np.zeros((classes, classes))
     np.add.at(matrix, (sim.y_test.numpy(), pred.numpy()), 1.0)
     normalised: np.ndarray = matrix / matrix.sum(axis=1, keepdims=True)
@@ -71,20 +60,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threshold", type=float, default=0.1, help="'rarely co-located' below this overlap")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    experiment = load_config(args.config)
     with RunStore.open_workspace(args.workspace) as store:
-        for seed in sorted({run.seed for run in experiment.runs}):
-            runs = {run.method.name: run for run in experiment.runs if run.seed == seed}
-            fedavg, fedshift = (_finished(store, runs[name]) if name in runs else None for name in ("fedavg", "fedshift"))
-            if fedavg is None or fedshift is None:
+        runs = load_runs(args.config, store=store, allow_missing=True)  # matched by resolved config
+        for seed in sorted({run.seed for run in runs}):
+            by_method = {run.method: run for run in runs if run.seed == seed}
+            if not {"fedavg", "fedshift"} <= set(by_method):
                 print(f"seed {seed}: FedAvg or FedShift not finished, skipped")
                 continue
-            dataset = load_run_dataset(runs["fedavg"])
-            _, parts = prepare_partition(runs["fedavg"], dataset)
+            # the two runs share data, partition and architecture: one simulation scores both
+            config = RunConfig.from_dict(by_method["fedavg"].config)
+            dataset = load_run_dataset(config)
+            _, parts = prepare_partition(config, dataset)
             counts = np.array([np.bincount(dataset.y_train[ix], minlength=dataset.num_classes) for ix in parts], float)
             co = overlap(counts)
-            delta = (confusion(store, fedshift, runs["fedshift"], dataset)
-                     - confusion(store, fedavg, runs["fedavg"], dataset))
+            sim = build_simulation(config, device=torch.device("cpu"), dataset=dataset)
+            delta = confusion(store, by_method["fedshift"], sim) - confusion(store, by_method["fedavg"], sim)
             off = ~np.eye(dataset.num_classes, dtype=bool)
             rare = off & (co < args.threshold)
             scale = 100.0 / dataset.num_classes  # a confusion rate of one class → points of accuracy (balanced test set)

@@ -231,9 +231,10 @@ class LocalTrainer:
                 logits = model(data.x[index])
                 if shift is not None:
                     logits = logits + shift
-                loss = loss_fn(logits, data.y[index], class_weight=weight)
+                target = data.y[index]
+                loss = loss_fn(logits, target, class_weight=weight)
                 if weight is not None and objective.weighted_mean:
-                    loss = loss / weight[data.y[index]].mean()
+                    loss = loss / weight[target].mean()
                 opt.zero_grad(set_to_none=False)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if correct is not None:

@@ -223,6 +223,7 @@ def dirichlet_partition(
     per_class = _by_class(y, np.arange(y.size), num_classes)
     for attempt in range(1, max_tries + 1):
         parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+        sizes = np.zeros(n, dtype=np.int64)  # samples each client holds so far (the balance step reads it)
         for idx in per_class:
             if idx.size == 0:
                 continue
@@ -232,7 +233,7 @@ def dirichlet_partition(
                 p = np.zeros(n)
                 p[rng.integers(n)] = 1.0
             if balance:
-                open_ = np.array([sum(c.size for c in held) < full_at for held in parts])
+                open_ = sizes < full_at
                 p = np.where(open_, p, 0.0)
                 if p.sum() > 0.0:
                     p = p / p.sum()
@@ -242,8 +243,9 @@ def dirichlet_partition(
             cuts = np.floor(np.cumsum(p)[:-1] * idx.size).astype(np.int64)
             for i, chunk in enumerate(np.split(idx, np.clip(cuts, 0, idx.size))):
                 parts[i].append(chunk)
+                sizes[i] += chunk.size
         clients = [np.concatenate(p) for p in parts]
-        if min(c.size for c in clients) >= max(min_size, 1):
+        if sizes.min() >= max(min_size, 1):
             return _finish(y, clients, {"alpha": a, "balance": float(balance), "tries": float(attempt)})
     raise InfeasiblePartitionError(
         f"no Dirichlet draw with alpha={a} gave all {n} clients >= {max(min_size, 1)} samples "

@@ -13,9 +13,10 @@ table                  rows × columns                          configs
 
 Every cell is the mean ± sample std over the runs that differ only in their seed, of each
 run's ``tail`` accuracy (mean of its last ``tail_rounds`` rounds; ``--metric final`` for the
-last round only, ``--metric best`` for the best round, the paper's own summary). Where a table's runs span several datasets, one table per dataset is
-printed. With ``--out``, one accuracy-per-round PNG per dataset (Table 1/2) or per column
-value (Tables 3–5): mean over seeds with a ± std band.
+last round only, ``--metric best`` for the best round, the paper's own summary). Where a
+table's runs span several datasets, one table per dataset is printed. With ``--out``, one
+accuracy-per-round PNG per dataset (Table 1/2) or per column value (Tables 3–5): mean over
+seeds with a ± std band.
 
 Table 2 (communication efficiency): the target is FedAvg's accuracy (its seeds' mean
 ``tail``, or ``final`` with ``--metric final``); a method's rounds are the first round at
