@@ -247,7 +247,7 @@ class CkksClient(Party):
         self.result, self.decryption_error = result, error
         if not release:
             return []
-        payload = write_contributors(Writer(), contributors).u64_array(encoded_sum).finish()
+        payload = write_contributors(Writer(), contributors, self.clients).u64_array(encoded_sum).finish()
         out = Envelope(PROTOCOL, Stage.RESULT, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(out, Exposure.aggregate(len(contributors), self.spec.length))]
 
@@ -321,7 +321,7 @@ class CkksServer(ServerParty):
         if len(self.decryptors) == 1 or self.reveal.server:
             self.releaser = self.decryptors[0] if len(self.decryptors) == 1 else self.contributors[0]
         streams = [self.context.dump(v) for v in self.aggregate]
-        head = write_contributors(Writer(), self.contributors).finish()
+        head = write_contributors(Writer(), self.contributors, self.clients).finish()
         body = _write_ciphertexts(Writer().raw(head), self.context, streams)
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         out = [
@@ -336,7 +336,7 @@ class CkksServer(ServerParty):
         return out
 
     def _broadcast_result(self, encoded_sum: npt.NDArray[np.uint64]) -> list[Outgoing]:
-        payload = write_contributors(Writer(), self.contributors).u64_array(encoded_sum).finish()
+        payload = write_contributors(Writer(), self.contributors, self.clients).u64_array(encoded_sum).finish()
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
                 for pid in self.clients if pid not in self.decryptors]

@@ -890,7 +890,7 @@ class MaskingServer(ServerParty):
         self.stage = Stage.RESULT
         if not self.reveal.clients:
             return []
-        payload = ReleasedSum(self.contributors, encoded).to_bytes()
+        payload = ReleasedSum(self.contributors, encoded).to_bytes(parties=self.clients)
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [self._send(Stage.RESULT, pid, payload, exposure) for pid in self.contributors]
 

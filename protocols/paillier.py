@@ -44,6 +44,7 @@ from .errors import (
     AbortedError,
     CiphertextError,
     EncodingError,
+    ForeignKeyError,
     ProtocolError,
     StageError,
     WireError,
@@ -117,7 +118,18 @@ class ClientKeys:
     def __init__(self, public_key: raw.PublicKey) -> None:
         self.public_key = public_key
         self.pool = raw.ObfuscatorPool(public_key)
-        self.private_key: raw.PrivateKey | None = None
+        self._private_key: raw.PrivateKey | None = None
+
+    @property
+    def private_key(self) -> raw.PrivateKey | None:
+        return self._private_key
+
+    @private_key.setter
+    def private_key(self, key: raw.PrivateKey | None) -> None:
+        """A client that holds the key also makes its obfuscators with it (twice as fast)."""
+        if key is not None and key.public_key != self.public_key:
+            raise ForeignKeyError("the private key belongs to another public key")
+        self._private_key = self.pool.private_key = key
 
 
 # --- parties of one sum -------------------------------------------------------------------------
@@ -166,7 +178,7 @@ class PaillierClient(Party):
             self.gate.open = set()
             if not release:
                 return []
-            payload = write_contributors(Writer(), contributors).u64_array(encoded_sum).finish()
+            payload = write_contributors(Writer(), contributors, self.clients).u64_array(encoded_sum).finish()
             out = Envelope(PROTOCOL, Stage.RESULT, self.run_id, self.party_id, SERVER, payload)
             return [Outgoing(out, Exposure.aggregate(len(contributors), self.spec.length))]
         encoded_sum = reader.u64_array(expected=self.spec.length)
@@ -250,7 +262,7 @@ class PaillierServer(ServerParty):
             if len(self.decryptors) == 1 or self.reveal.server:
                 self.releaser = self.decryptors[0] if len(self.decryptors) == 1 else self.contributors[0]
             body = _write_ciphertexts(
-                write_contributors(Writer(), self.contributors), self.public_key, self.aggregate
+                write_contributors(Writer(), self.contributors, self.clients), self.public_key, self.aggregate
             ).finish()
             exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
             out = [
@@ -285,7 +297,7 @@ class PaillierServer(ServerParty):
         return aggregate
 
     def _broadcast_result(self, encoded_sum: npt.NDArray[np.uint64]) -> list[Outgoing]:
-        payload = write_contributors(Writer(), self.contributors).u64_array(encoded_sum).finish()
+        payload = write_contributors(Writer(), self.contributors, self.clients).u64_array(encoded_sum).finish()
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
                 for pid in self.clients if pid not in self.decryptors]

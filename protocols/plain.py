@@ -80,7 +80,7 @@ class PlainServer(ServerParty):
         self.finished = True
         if not self.reveal.clients:
             return []
-        payload = ReleasedSum(self.contributors, total).to_bytes()
+        payload = ReleasedSum(self.contributors, total).to_bytes(parties=self.clients)
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [
             Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)

@@ -55,7 +55,7 @@ def preset_keys(cache: Any) -> Iterator[None]:
 
 def fill_pools(session: PaillierSum, per_client: int, cheap: list[Any]) -> None:
     cycle = itertools.cycle(cheap)
-    with mock.patch.object(raw, "obfuscator", lambda key, r=None: next(cycle)):
+    with mock.patch.object(raw, "obfuscator", lambda key, r=None, **_: next(cycle)):
         for pid in session.clients:
             pool = session.client_keys(pid).pool
             if len(pool) < per_client:
@@ -219,7 +219,7 @@ class _Dubhe:
         p, q = cache[2048]
         cheap = [raw.obfuscator(raw.PublicKey(p * q)) for _ in range(8)]
         cycle = itertools.cycle(cheap)
-        with preset_keys(cache), mock.patch.object(raw, "obfuscator", lambda key, r=None: next(cycle)):
+        with preset_keys(cache), mock.patch.object(raw, "obfuscator", lambda key, r=None, **_: next(cycle)):
             selector.register(population, rng, per_round=k)  # key set-up and sharing, untimed
         session = getattr(selector.backend, "session", None)
 

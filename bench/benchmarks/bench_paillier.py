@@ -4,7 +4,7 @@ Key pairs come from ``setup_cache`` (made once, pickled by asv) and are handed t
 session by replacing key generation while ``PaillierSum.setup`` runs. Obfuscators r^n:
 
 * the timed client of ``ClientUpload`` computes its own, online (``obfuscators="online"``,
-  the cost of an encryption from scratch), or spends ones it precomputed offline
+  the cost of an encryption from scratch with the public key), or spends ones it precomputed offline
   (``"pool"``, the protocol's ``pool_size`` option: online cost only);
 * every other client, and every client of ``Round``, draws from a pool filled with a few
   reused values: the cost of a ciphertext multiplication does not depend on r, and
@@ -38,6 +38,11 @@ def slots_needed(clients: int, length: int, key_bits: int) -> int:
     return -(-length // per_plaintext)
 
 
+def key_factors() -> dict[int, tuple[int, int]]:
+    """(p, q) of one fresh key pair per size."""
+    return {bits: raw.generate_keypair(bits)[1].export_secret() for bits in KEY_BITS}
+
+
 class _Paillier(h._Protocol):
     protocol = "paillier"
     replay = "party"
@@ -45,11 +50,7 @@ class _Paillier(h._Protocol):
     param_names: ClassVar[list[str]] = ["clients", "length", "key_bits"]
 
     def setup_cache(self) -> Any:
-        keys = {}
-        for bits in KEY_BITS:
-            _, private = raw.generate_keypair(bits)
-            keys[bits] = private.export_secret()
-        return keys
+        return key_factors()
 
     def session(self, cache: Any, clients: int, length: int, key_bits: int, *extra: Any) -> SecureSum:
         p, q = cache[key_bits]
@@ -77,14 +78,34 @@ class _Paillier(h._Protocol):
                 mode: str = "pool", *extra: Any) -> None:
         need = session.layout_for(spec).num_plaintexts
         cycle = itertools.cycle(self._cheap)
-        with mock.patch.object(raw, "obfuscator", lambda key, r=None: next(cycle)):
+        with mock.patch.object(raw, "obfuscator", lambda key, r=None, **_: next(cycle)):
             for pid in session.clients:
                 pool = session.client_keys(pid).pool
                 if pid == timed and mode == "online":
+                    pool.private_key = None  # r^n from the public key, even if this is the key holder
                     while len(pool):
                         pool.take()
                 elif len(pool) < need:
                     pool.fill(need - len(pool))
+
+
+class Obfuscator:
+    """One r^n, from the public key (any client) and through the factors (a client that holds
+    the key: ``keyholder="all"``, Dubhe); the whole cost of an encryption."""
+
+    params: ClassVar[list[Any]] = [KEY_BITS, ("public", "factored")]
+    param_names: ClassVar[list[str]] = ["key_bits", "holder"]
+
+    def setup_cache(self) -> Any:
+        return key_factors()
+
+    def setup(self, cache: Any, key_bits: int, holder: str) -> None:
+        p, q = cache[key_bits]
+        self.public = raw.PublicKey(p * q)
+        self.private = raw.PrivateKey(self.public, p, q) if holder == "factored" else None
+
+    def time_obfuscator(self, *args: Any) -> None:
+        raw.obfuscator(self.public, private_key=self.private)
 
 
 class ClientUpload(_Paillier, h._ClientUpload):

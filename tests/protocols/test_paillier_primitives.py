@@ -1,8 +1,11 @@
 import gmpy2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from phe import paillier as phe_paillier
 
 from protocols.errors import CiphertextError, ForeignKeyError, ProtocolError
+from protocols.paillier import ClientKeys
 from protocols.primitives import paillier as raw
 
 
@@ -42,6 +45,56 @@ def test_homomorphic_addition_and_pool(keypair_1024):
     assert (pool.hits, pool.misses) == (2, 1)
     assert sk.decrypt(raw.add(pk, raw.add(pk, a, b), c)) == 23
     assert a != raw.encrypt_with(pk, 5, raw.obfuscator(pk))  # randomised
+
+
+def test_factored_obfuscator_known_answers():
+    """The key holder's r^n through p^2 and q^2 is the same integer as r^n mod n^2."""
+    assert int(raw.PrivateKey(raw.PublicKey(77), 7, 11).obfuscator(23)) == int(raw.obfuscator(raw.PublicKey(77), 23))
+    p, q = 1000000007, 998244353
+    pk = raw.PublicKey(p * q)
+    assert int(raw.obfuscator(pk, 987654321, private_key=raw.PrivateKey(pk, p, q))) \
+        == int(raw.obfuscator(pk, 987654321))
+    c = raw.encrypt_with(pk, 123456789012, raw.PrivateKey(pk, q, p).obfuscator(987654321))
+    assert int(c) == 508015191971451749999017089329803933  # test_known_answer_64_bit_primes's vector
+
+
+@settings(max_examples=50, deadline=None)
+@given(r=st.integers(min_value=1, max_value=2**1024))
+def test_factored_obfuscator_equals_the_public_one(keypair_1024, r):
+    pk, sk = keypair_1024
+    r = r % int(pk.n) or 1
+    if gmpy2.gcd(r, pk.n) == 1:
+        assert sk.obfuscator(r) == raw.obfuscator(pk, r)
+
+
+def test_factored_obfuscator_refuses_a_non_unit(keypair_1024):
+    _, sk = keypair_1024
+    p, _ = sk.export_secret()
+    with pytest.raises(ProtocolError, match="unit"):
+        sk.obfuscator(p)
+
+
+def test_pool_with_the_key_makes_valid_fresh_obfuscators(keypair_1024):
+    pk, sk = keypair_1024
+    pool = raw.ObfuscatorPool(pk)
+    pool.private_key = sk
+    pool.fill(2)
+    values = [pool.take(), pool.take(), pool.take()]  # the third computed on demand
+    assert len(set(map(int, values))) == 3
+    assert sk.decrypt(raw.product(pk, [raw.encrypt_with(pk, m, v) for m, v in zip((1, 2, 3), values)])) == 6
+    _, other_sk = raw.generate_keypair(512, allow_weak=True)
+    with pytest.raises(ForeignKeyError):
+        raw.obfuscator(pk, private_key=other_sk)
+
+
+def test_a_key_holding_client_fills_its_pool_with_its_key(keypair_1024):
+    pk, sk = keypair_1024
+    keys = ClientKeys(pk)
+    keys.private_key = sk
+    assert keys.pool.private_key is sk
+    with pytest.raises(ForeignKeyError):
+        keys.private_key = raw.generate_keypair(512, allow_weak=True)[1]
+    assert keys.private_key is sk
 
 
 def test_ciphertext_checks(keypair_1024):
