@@ -257,7 +257,10 @@ def test_fedshift_table2_rounds_and_speedup(filled: tuple[Path, Path, list[str]]
     assert methods["FedShift"]["rounds"] == 3 and methods["FedShift"]["speedup"] == 2.0
     assert methods["FedProx"]["rounds"] == 6
     assert methods["SCAFFOLD"]["rounds"] is None and methods["SCAFFOLD"]["speedup"] is None
-    assert "| FedShift | 3 | 2.00× |" in report.markdown and "| SCAFFOLD | — | < 1× |" in report.markdown
+    # the best seed-mean round says how far a method that never gets there stays from the target
+    assert methods["SCAFFOLD"]["best"] == pytest.approx(0.625) and methods["SCAFFOLD"]["best_round"] == 6
+    assert "| FedShift | 3 | 2.00× | 78.50 (6) |" in report.markdown
+    assert "| SCAFFOLD | — | < 1× | 62.50 (6) |" in report.markdown
 
 
 def test_fedshift_sweep_tables(tmp_path: Path) -> None:
