@@ -80,6 +80,12 @@ def test_list_where_the_bitmap_is_shorter_is_refused():
         decode(list_form(list(range(10))), range(100))
 
 
+def test_bitmap_where_the_list_is_shorter_is_refused():
+    one_of_a_hundred = bytes([1, 0b10000000]) + bytes(12)  # party 0 alone: 9 bytes as a list
+    with pytest.raises(WireError, match="list is the shorter"):
+        decode(one_of_a_hundred, range(100))
+
+
 def test_counts_above_the_summand_limit_are_refused_in_both_forms():
     parties = range(100)
     with pytest.raises(WireError, match="not possible"):
