@@ -30,9 +30,8 @@ def write_contributors(writer: Writer, contributors: tuple[PartyId, ...], partie
     if _list_is_shorter(len(contributors), len(order)):
         ids = np.asarray(sorted(contributors), dtype=">u4")
         return writer.u8(_ID_LIST).u32(len(contributors)).raw(ids.tobytes())
-    index = {pid: i for i, pid in enumerate(order)}
     bits = np.zeros(len(order), dtype=np.uint8)
-    bits[[index[pid] for pid in contributors]] = 1
+    bits[np.searchsorted(order, contributors)] = 1  # the writer's contributors are its own parties
     return writer.u8(_BITMAP).raw(np.packbits(bits).tobytes())
 
 

@@ -196,8 +196,8 @@ def communication_table(runs: Sequence[RunRecord], *, metric: str = "tail") -> t
     data: dict[str, Any] = {"target": target, "methods": {}}
     for row in rows:
         gain = speedup(reached[base], reached[row])
-        curve = np.nan_to_num(curves[row], nan=-np.inf)
-        best_round = int(np.argmax(curve)) + 1 if curve.size else None
+        scored = np.isfinite(curves[row])
+        best_round = int(np.nanargmax(curves[row])) + 1 if scored.any() else None
         best = float(curves[row][best_round - 1]) if best_round is not None else None
         out_rows.append([row, "—" if reached[row] is None else str(reached[row]),
                          "< 1×" if gain is None else f"{gain:.2f}×",
