@@ -1,9 +1,11 @@
-"""secure-fl's secure-sum layer: encoding, protocols as state machines, wire format, transcript.
+"""secure-fl's secure-sum layer: encoding, protocols as state machines, the network, the transcript.
 
 Never imports torch or ``secure_fl``: the dependency points one way only.
 """
 
-from .base import DropoutPlan, InMemoryTransport, Reveal, SecureSum, SumOutcome, Transport
+from .base import Reveal, SumOutcome
+from .descriptors import DESCRIPTORS, ProtocolDescriptor, descriptor
+from .embedded import SecureSum, make_sum
 from .encoding import PackingLayout, VectorSpec, decode_sum, encode
 from .errors import (
     AbortedError,
@@ -20,14 +22,17 @@ from .errors import (
     ThresholdError,
     WireError,
 )
-from .registry import PROTOCOLS, make_sum, protocol_class
+from .network import DropoutPlan, Label, LocalNetwork, Message, Network, Replies, RunContext, drive
+from .registry import PROTOCOLS
+from .session import ClientEndpoint, ClientSession, RunResult, ServerSession, SumRequest
 from .transcript import Exposure, Transcript, TranscriptEntry, Visibility
 from .wire import SERVER
 
 __all__ = [
-    "PROTOCOLS", "SERVER", "AbortedError", "AuthenticationError", "BoundError", "CapacityError",
-    "CiphertextError", "DropoutPlan", "EncodingError", "Exposure", "ForeignKeyError", "InMemoryTransport",
-    "PackingLayout", "PolicyError", "ProtocolError", "ReplayError", "Reveal", "SecureSum", "StageError",
-    "SumOutcome", "ThresholdError", "Transcript", "TranscriptEntry", "Transport", "VectorSpec", "Visibility",
-    "WireError", "decode_sum", "encode", "make_sum", "protocol_class",
+    "DESCRIPTORS", "PROTOCOLS", "SERVER", "AbortedError", "AuthenticationError", "BoundError", "CapacityError",
+    "CiphertextError", "ClientEndpoint", "ClientSession", "DropoutPlan", "EncodingError", "Exposure",
+    "ForeignKeyError", "Label", "LocalNetwork", "Message", "Network", "PackingLayout", "PolicyError",
+    "ProtocolDescriptor", "ProtocolError", "Replies", "ReplayError", "Reveal", "RunContext", "RunResult",
+    "SecureSum", "ServerSession", "StageError", "SumOutcome", "SumRequest", "ThresholdError", "Transcript",
+    "TranscriptEntry", "Visibility", "WireError", "decode_sum", "descriptor", "drive", "encode", "make_sum",
 ]

@@ -1,21 +1,23 @@
 """The insecure baseline: clients send encoded vectors in the clear.
 
-Same interface, wire format and transcript as the secure protocols, so that
-cost comparisons and the leakage audit have a reference point.
+Same interface, wire format and transcript as the secure protocols, so that cost comparisons
+and the leakage audit have a reference point. The server releases the sum to the run's
+participants when the clients are to learn it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .base import Outgoing, Party, Reveal, SecureSum, ServerParty, StageGate, stage_names
+from .base import Outgoing, Party, ServerParty, StageGate
 from .encoding import VectorSpec, decode_sum
-from .errors import AbortedError
+from .errors import AbortedError, EncodingError, WireError
 from .messages import EncodedUpload, ReleasedSum
+from .session import ClientSession, ServerSession, SumRequest, as_encoded
 from .transcript import Exposure
 from .wire import SERVER, Envelope, PartyId
 
@@ -46,22 +48,29 @@ class PlainClient(Party):
     def receive(self, env: Envelope) -> list[Outgoing]:
         self.gate.check(env, allowed_senders=[SERVER])
         released = ReleasedSum.from_bytes(env.payload, self.spec, parties=self.clients)
+        try:
+            result = decode_sum(self.spec, released.encoded_sum, contributors=len(released.contributors))
+        except EncodingError as error:
+            raise WireError(f"released sum is impossible: {error}") from error
         self.gate.record(env)
         self.gate.open = set()
-        self.result = decode_sum(self.spec, released.encoded_sum, contributors=len(released.contributors))
+        self.result, self.contributors = result, released.contributors
         return []
 
 
 class PlainServer(ServerParty):
-    def __init__(self, *, run_id: bytes, spec: VectorSpec, clients: tuple[PartyId, ...], reveal: Reveal) -> None:
-        super().__init__()
-        self.run_id, self.spec, self.clients, self.reveal = run_id, spec, clients, reveal
+    def __init__(self, *, run_id: bytes, request: SumRequest, clients: tuple[PartyId, ...]) -> None:
+        super().__init__(protocol=PROTOCOL, run_id=run_id, request=request, clients=clients,
+                         audience=request.participants)
+        assert request.spec is not None
+        self.spec, self.reveal = request.spec, request.reveal
+        self.participants = request.participants
         self.gate = StageGate(run_id, PROTOCOL, SERVER)
         self.gate.open = {Stage.UPLOAD}
         self.uploads: dict[PartyId, npt.NDArray[np.uint64]] = {}
 
     def receive(self, env: Envelope) -> list[Outgoing]:
-        self.gate.check(env, allowed_senders=self.clients)
+        self.gate.check(env, allowed_senders=self.participants)
         upload = EncodedUpload.from_bytes(env.payload, self.spec)
         self.gate.record(env)
         self.uploads[env.sender] = upload.values
@@ -84,21 +93,24 @@ class PlainServer(ServerParty):
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [
             Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
-            for pid in self.clients
+            for pid in self.contributors
         ]
 
 
-class PlainSum(SecureSum):
+class PlainServerSession(ServerSession):
     """Not secure: the server reads every input. The reference for cost and leakage."""
 
     name = PROTOCOL
-    stage_names = stage_names(Stage)
 
-    def _build(self, *, run_id: bytes, spec: VectorSpec, encoded: Mapping[PartyId, npt.NDArray[np.uint64]],
-               reveal: Reveal, round: int) -> tuple[ServerParty, dict[PartyId, Party]]:
-        server = PlainServer(run_id=run_id, spec=spec, clients=self.clients, reveal=reveal)
-        clients: dict[PartyId, Party] = {
-            pid: PlainClient(pid, run_id=run_id, spec=spec, encoded=encoded.get(pid), clients=self.clients)
-            for pid in self.clients
-        }
-        return server, clients
+    def open(self, *, run_id: bytes, request: SumRequest) -> ServerParty:
+        return PlainServer(run_id=run_id, request=request, clients=self.clients)
+
+
+class PlainClientSession(ClientSession):
+    name = PROTOCOL
+
+    def join(self, *, run_id: bytes, request: SumRequest, values: npt.NDArray[Any] | None) -> Party:
+        if request.kind != "sum" or request.spec is None:
+            raise WireError("the plain protocol has no set-up runs")
+        return PlainClient(self.party_id, run_id=run_id, spec=request.spec,
+                           encoded=as_encoded(values, request.spec), clients=self.clients)

@@ -12,6 +12,7 @@ or trailing byte, so every parser is strict by construction.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -19,6 +20,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from .descriptors import CODES, NAMES
 from .errors import WireError
 
 MAGIC: Final = b"SFL"
@@ -27,11 +29,16 @@ RUN_ID_BYTES: Final = 16
 SERVER: Final = 0xFFFFFFFF
 """Party id of the aggregator; clients are 0 .. n-1."""
 MAX_PAYLOAD: Final = 1 << 31
+OPEN: Final = 0
+"""Stage 0 of every protocol: the server opens a run at a client (a :class:`~protocols.session.SumRequest`)."""
+REFUSE: Final = 255
+"""Stage 255 of every protocol: a client declines a run or a message, with its reason."""
+SHARED_STAGES: Final = {OPEN: "open", REFUSE: "refuse"}
 
 _HEADER = struct.Struct(">3sBBB16sIII")
 
-PROTOCOL_CODES: Final = {"plain": 1, "paillier": 2, "masking": 3, "secagg+": 4, "ckks": 5}
-PROTOCOL_NAMES: Final = {code: name for name, code in PROTOCOL_CODES.items()}
+PROTOCOL_CODES: Final = CODES
+PROTOCOL_NAMES: Final = NAMES
 
 PartyId = int
 
@@ -100,6 +107,14 @@ class Writer:
         self._parts.append(struct.pack(">Q", value))
         return self
 
+    def i64(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">q", value))
+        return self
+
+    def f64(self, value: float) -> Writer:
+        self._parts.append(struct.pack(">d", value))
+        return self
+
     def raw(self, data: bytes) -> Writer:
         self._parts.append(bytes(data))
         return self
@@ -155,6 +170,16 @@ class Reader:
 
     def u64(self) -> int:
         return int(struct.unpack(">Q", self._take(8))[0])
+
+    def i64(self) -> int:
+        return int(struct.unpack(">q", self._take(8))[0])
+
+    def f64(self) -> float:
+        """A finite double (NaN and infinities are refused)."""
+        value = float(struct.unpack(">d", self._take(8))[0])
+        if not math.isfinite(value):
+            raise WireError("non-finite float on the wire")
+        return value
 
     def raw(self, count: int) -> bytes:
         return bytes(self._take(count))

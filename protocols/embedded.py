@@ -1,0 +1,176 @@
+"""Every party of a protocol in one process, talking only through a :class:`LocalNetwork`.
+
+:class:`SecureSum` is the embedded way to run sums — the ``secure-fl sum`` command, the
+benchmarks, Dubhe's selection study and the tests use it. It builds the protocol's
+:class:`~protocols.session.ServerSession` and one :class:`~protocols.session.ClientSession`
+and :class:`~protocols.session.ClientEndpoint` per client, attaches the endpoints to the
+network, and drives each run from the server's side. Parties share nothing but bytes on the
+network; the harness reads their results afterwards only to report (and cross-check) what each
+learned, as the CLI and tests need.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .base import Party, Reveal, SumOutcome, Timings
+from .descriptors import ProtocolDescriptor, descriptor
+from .encoding import VectorSpec, encode
+from .errors import AbortedError
+from .network import DropoutPlan, LocalNetwork, Message, RunContext, drive
+from .session import ClientEndpoint, ClientSession, ServerSession, SumRequest
+from .transcript import Transcript
+from .wire import SERVER, PartyId
+
+__all__ = ["SecureSum", "make_sum"]
+
+
+class SecureSum:
+    """A protocol's server and clients in one process (see the module docstring).
+
+    ``options`` is the protocol's frozen options object (or ``None``); :func:`make_sum` builds
+    it from keywords.
+    """
+
+    def __init__(self, name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
+                 options: Any = None) -> None:
+        self.descriptor: ProtocolDescriptor = descriptor(name)
+        self.name = name
+        self.server: ServerSession = self.descriptor.server_session(clients=clients, options=options)
+        self.clients = self.server.clients
+        self.options = options
+        self.network = network if network is not None else LocalNetwork()
+        self.sessions: dict[PartyId, ClientSession] = {
+            pid: self.descriptor.client_session(pid, clients=self.clients, options=options) for pid in self.clients
+        }
+        self._inputs: dict[PartyId, npt.NDArray[Any]] = {}
+        self._parties: dict[PartyId, Party] = {}
+        self.endpoints: dict[PartyId, ClientEndpoint] = {}
+        for pid in self.clients:
+            endpoint = ClientEndpoint(pid, sessions={name: self.sessions[pid]}, contribute=self._input_of(pid),
+                                      on_party=self._watch(pid))
+            self.endpoints[pid] = endpoint
+            self.network.attach(pid, self._handler(endpoint))
+
+    # --- the clients' side, as the harness plays it -------------------------------------------
+
+    def _input_of(self, pid: PartyId) -> Any:
+        def contribute(protocol: str, request: SumRequest) -> npt.NDArray[Any] | None:
+            return self._inputs.get(pid)
+        return contribute
+
+    def _watch(self, pid: PartyId) -> Any:
+        def seen(run_id: bytes, party: Party) -> None:
+            self._parties[pid] = party
+        return seen
+
+    @staticmethod
+    def _handler(endpoint: ClientEndpoint) -> Any:
+        def handle(data: Sequence[bytes]) -> list[Message]:
+            return [reply for item in data for reply in endpoint.handle(item)]
+        return handle
+
+    # --- the server's side --------------------------------------------------------------------
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.network.transcript
+
+    @property
+    def ready(self) -> bool:
+        return self.server.ready
+
+    def setup(self, *, round: int = -1, statistic: str = "setup") -> None:
+        """Run the protocol's key set-up (a run of messages between the parties), if it has one."""
+        run_id = secrets.token_bytes(16)
+        party = self.server.setup(run_id=run_id, round=round, statistic=statistic)
+        if party is None:
+            return
+        context = RunContext(self.name, run_id, round, statistic, self.descriptor.stages)
+        drive(party, self.network, context)
+        if not party.finished:
+            raise AbortedError("the key set-up did not finish")
+
+    def tolerance(self, spec: VectorSpec, contributors: int) -> float:
+        return self.server.tolerance(spec, contributors)
+
+    def client_session(self, party: PartyId) -> ClientSession:
+        return self.sessions[party]
+
+    def sum(
+        self,
+        inputs: Mapping[PartyId, npt.ArrayLike],
+        *,
+        spec: VectorSpec,
+        statistic: str = "sum",
+        round: int = 0,
+        reveal: Reveal = Reveal(),
+        dropouts: DropoutPlan | None = None,
+        clip: bool = False,
+    ) -> SumOutcome:
+        """Securely add the clients' vectors; the result is what the declared recipients learned."""
+        unknown = set(inputs) - set(self.clients)
+        if unknown:
+            raise ValueError(f"inputs from parties outside this protocol: {sorted(unknown)}")
+        if not inputs:
+            raise ValueError("no client holds an input")
+        if len(inputs) > spec.summands:
+            raise ValueError(f"{len(inputs)} inputs exceed the spec's {spec.summands} summands")
+        self.server.check(spec=spec, reveal=reveal)
+        if not self.server.ready:
+            self.setup(round=round)
+        clipped = 0
+        values: dict[PartyId, npt.NDArray[Any]] = {}
+        for pid, vector in inputs.items():
+            if self.descriptor.encoded:
+                encoded = encode(spec, np.asarray(vector).reshape(-1), clip=clip)
+                values[pid], clipped = encoded.values, clipped + encoded.clipped
+            else:
+                values[pid] = np.asarray(vector, dtype=np.float64).reshape(-1)
+        run_id = secrets.token_bytes(16)
+        request = SumRequest(kind="sum", statistic=statistic, round=round, spec=spec, reveal=reveal,
+                             participants=tuple(sorted(values)))
+        server = self.server.open(run_id=run_id, request=request)
+        context = RunContext(self.name, run_id, round, statistic, self.descriptor.stages)
+        self._inputs, self._parties = values, {}
+        self.network.plan(self.name, dropouts, self.descriptor.stages)
+        try:
+            rejected = drive(server, self.network, context)
+        finally:
+            self.network.plan(self.name, None, self.descriptor.stages)
+            self._inputs = {}
+        clients = dict(self._parties)
+        holders = {pid: p.result for pid, p in {SERVER: server, **clients}.items() if p.result is not None}
+        if not holders:
+            raise AbortedError("the run finished but no party learned the sum")
+        results = list(holders.values())
+        if any(not np.array_equal(results[0], r) for r in results[1:]):
+            raise AbortedError("parties learned different sums")
+        uploads = [p.timings["upload"] for p in clients.values() if "upload" in p.timings]
+        finalize = max((p.timings.get("finalize", 0.0) for p in (server, *clients.values())), default=0.0)
+        contributors = server.contributors
+        return SumOutcome(
+            total=results[0], contributors=contributors,
+            dropped=tuple(sorted(set(values) - set(contributors))), learned_by=frozenset(holders),
+            clipped=clipped, run_id=run_id.hex(),
+            timings=Timings(client_upload_median=statistics.median(uploads) if uploads else 0.0,
+                            aggregate=server.timings.get("aggregate", 0.0), finalize=finalize),
+            rejected=tuple(rejected) + tuple(server.rejections),
+        )
+
+    def parties(self) -> dict[PartyId, Party]:
+        """The client parties of the latest run (the harness's view, for reports and tests)."""
+        return dict(self._parties)
+
+
+def make_sum(name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
+             **options: Any) -> SecureSum:
+    """An embedded protocol session; keyword ``options`` fill that protocol's frozen options."""
+    d = descriptor(name)
+    return SecureSum(name, clients=clients, network=network, options=d.options(**options))
