@@ -72,6 +72,9 @@ class SumRequest:
     reveal: Reveal
     participants: tuple[PartyId, ...]
     params: bytes = b""
+    session: str = ""
+    """Which of a client's sessions of this protocol the run belongs to, when it keeps several
+    (e.g. Dubhe's own Paillier keys beside the run's): ``""`` is the default one."""
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -86,6 +89,8 @@ class SumRequest:
             raise ValueError("participants must be a non-empty ascending list of distinct ids")
         if len(self.params) > MAX_PARAMS:
             raise ValueError("protocol parameters too large")
+        if self.session and not _STATISTIC.match(self.session):
+            raise ValueError(f"session tags are lower-case snake_case (<= 64 chars), got {self.session!r}")
 
     def to_bytes(self, *, clients: Sequence[PartyId]) -> bytes:
         writer = Writer().u8(_KINDS.index(self.kind)).i64(self.round).blob(self.statistic.encode())
@@ -97,7 +102,7 @@ class SumRequest:
             writer.u8(spec.kind == "float").u8(spec.signed).u8(spec.frac_bits)
         writer.u8(int(self.reveal.server) | int(self.reveal.clients) << 1)
         write_contributors(writer, self.participants, clients)
-        return writer.blob(self.params).finish()
+        return writer.blob(self.params).blob(self.session.encode()).finish()
 
     @classmethod
     def from_bytes(cls, data: bytes, *, clients: Sequence[PartyId]) -> SumRequest:
@@ -129,11 +134,15 @@ class SumRequest:
             raise WireError("bad reveal flags")
         participants = read_contributors(reader, clients, len(clients))
         params = reader.blob(max_len=MAX_PARAMS)
+        try:
+            session = reader.blob(max_len=64).decode("ascii")
+        except UnicodeDecodeError:
+            raise WireError("session tag is not ASCII") from None
         reader.end()
         try:
             return cls(kind=_KINDS[kind_code], statistic=statistic, round=round_, spec=spec,
                        reveal=Reveal(server=bool(flags & 1), clients=bool(flags & 2)),
-                       participants=participants, params=params)
+                       participants=participants, params=params, session=session)
         except ValueError as error:
             raise WireError(f"impossible request: {error}") from error
 
@@ -232,7 +241,8 @@ class ClientEndpoint:
     """One client's protocol side of the network: its sessions, its live parties, nothing else.
 
     :meth:`handle` takes the bytes of one protocol envelope addressed to this client and
-    returns the replies. ``contribute`` is asked for the input of each sum that opens;
+    returns the replies. ``sessions`` maps a protocol name, or ``(protocol, tag)`` for a
+    session other than the default one (:attr:`SumRequest.session`), to the client session. ``contribute`` is asked for the input of each sum that opens;
     ``on_result`` hears every result this client learns; ``on_party`` (optional) sees each
     party it creates (the embedded harness reads their timings).
     """
@@ -244,13 +254,16 @@ class ClientEndpoint:
         self,
         party: PartyId,
         *,
-        sessions: Mapping[str, ClientSession],
+        sessions: Mapping[str | tuple[str, str], ClientSession],
         contribute: Contribute,
         on_result: Callable[[RunResult], None] | None = None,
         on_party: Callable[[bytes, Party], None] | None = None,
     ) -> None:
         self.party_id = party
-        self.sessions = dict(sessions)
+        self.sessions: dict[tuple[str, str], ClientSession] = {
+            (key, "") if isinstance(key, str) else key: session for key, session in sessions.items()
+        }
+        self._protocols = {protocol for protocol, _ in self.sessions}
         self.contribute = contribute
         self.on_result = on_result
         self.on_party = on_party
@@ -265,8 +278,7 @@ class ClientEndpoint:
         except WireError as error:
             self.errors.append(f"WireError: {error}")
             return []
-        session = self.sessions.get(env.protocol)
-        if session is None or env.receiver != self.party_id:
+        if env.protocol not in self._protocols or env.receiver != self.party_id:
             self.errors.append(f"StageError: message for {env.protocol!r} to party {env.receiver}")
             return []
         from .descriptors import descriptor
@@ -277,7 +289,7 @@ class ClientEndpoint:
             if env.sender != SERVER:
                 raise StageError("clients accept messages from the server only")
             if env.stage == OPEN:
-                return self._open(env, session, stage_names)
+                return self._open(env, stage_names)
             live = self._live.get(env.run_id)
             if live is None:
                 raise StageError("no live run with this id here")
@@ -290,10 +302,14 @@ class ClientEndpoint:
             out_env = Envelope(env.protocol, REFUSE, env.run_id, self.party_id, SERVER, reason)
             return [Message(out_env.to_bytes(), context.label(REFUSE, Exposure.public()))]
 
-    def _open(self, env: Envelope, session: ClientSession, stage_names: Mapping[int, str]) -> list[Message]:
+    def _open(self, env: Envelope, stage_names: Mapping[int, str]) -> list[Message]:
         if env.run_id in self._seen:
             raise ReplayError("this run was opened here before")
-        request = SumRequest.from_bytes(env.payload, clients=session.clients)
+        clients = next(s.clients for (p, _), s in self.sessions.items() if p == env.protocol)
+        request = SumRequest.from_bytes(env.payload, clients=clients)
+        session = self.sessions.get((env.protocol, request.session))
+        if session is None:
+            raise StageError(f"no {env.protocol!r} session {request.session!r} at this client")
         context = RunContext(env.protocol, env.run_id, request.round, request.statistic, stage_names)
         values = None
         if request.kind == "sum" and self.party_id in request.participants:
