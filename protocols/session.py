@@ -170,6 +170,8 @@ class ServerSession(ABC):
             raise ValueError("client ids must be distinct integers in [0, 2**32 - 1)")
         self.clients: tuple[PartyId, ...] = tuple(sorted(ids))
         self.options = options
+        self.tag = ""
+        """The :attr:`SumRequest.session` of this session's runs (set-up runs included)."""
 
     @property
     def ready(self) -> bool:
