@@ -34,5 +34,5 @@ __all__ = [
     "ForeignKeyError", "Label", "LocalNetwork", "Message", "Network", "PackingLayout", "PolicyError",
     "ProtocolDescriptor", "ProtocolError", "Replies", "ReplayError", "Reveal", "RunContext", "RunResult",
     "SecureSum", "ServerSession", "StageError", "SumOutcome", "SumRequest", "ThresholdError", "Transcript",
-    "TranscriptEntry", "Visibility", "WireError", "decode_sum", "descriptor", "drive", "encode", "make_sum",
+    "TranscriptEntry", "VectorSpec", "Visibility", "WireError", "decode_sum", "descriptor", "drive", "encode", "make_sum",
 ]
