@@ -204,20 +204,17 @@ class SecureConfig:
 
 
 def _check_protocol_options(protocol: str, options: Mapping[str, Any]) -> None:
-    """Build the protocol's options class (no keys are generated) so bad options fail at load."""
-    import importlib
+    """Build the protocol's options (no keys are generated) so bad options fail at load."""
+    from protocols import descriptor
 
-    from protocols.registry import OPTION_CLASSES
-
-    path = OPTION_CLASSES.get(protocol)
-    if path is None:
+    d = descriptor(protocol)
+    try:
+        option_cls = d.options_class
+    except ImportError:
+        return  # the protocol's library is not installed here; the run reports it when it starts
+    if option_cls is None:
         _check(not options, protocol, f"protocol {protocol!r} takes no options, got {', '.join(sorted(options))}")
         return
-    module, _, attr = path.partition(":")
-    try:
-        option_cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError):
-        return  # protocol not installed here; make_sum reports it when the run starts
     accepted = {f.name for f in fields(option_cls)}
     for key in options:
         _check(key in accepted, f"{protocol}.{key}",

@@ -1,26 +1,34 @@
-"""Federated methods: one class each, frozen dataclass hyper-parameters, a registry by name.
+"""Federated methods: a server half and a client half each, frozen dataclass hyper-parameters, a registry.
 
 ======================  =================  ==============================================
 name                    class              hyper-parameters (``Params``)
 ======================  =================  ==============================================
 ``fedavg``              :class:`FedAvg`       ``server_lr``
 ``fedprox``             :class:`FedProx`      ``server_lr``, ``mu``
-``scaffold``            :class:`Scaffold`     ``server_lr``
-``reweighting``         :class:`Reweighting`  ``server_lr``, ``power``
+``scaffold``            :class:`Scaffold`     ``server_lr``, ``momentum_aware``
+``reweighting``         :class:`Reweighting`  ``server_lr``, ``power``, ``mean``
+``fedshift``            :class:`FedShift`     ``server_lr``, ``smoothing``, ``count_bound``
+``climb``               :class:`Climb`        see :mod:`secure_fl.algorithms.climb`
+``ratio_loss``          :class:`RatioLossMethod`  see :mod:`secure_fl.algorithms.ratio_loss`
 ======================  =================  ==============================================
 
 The client optimiser (SGD, momentum, weight decay, learning-rate decay, E, B) is shared by
-all methods: :class:`LocalTraining`. See :mod:`secure_fl.algorithms.base` for the hooks.
+all methods: :class:`LocalTraining`. See :mod:`secure_fl.algorithms.base` for the two halves.
 """
 
 from secure_fl.algorithms.base import (
     ALGORITHMS,
-    Algorithm,
     ClientContext,
-    ClientUpdate,
+    ClientMethod,
+    ClientState,
+    ContributionContext,
     HeldOut,
-    ServerContext,
-    SetupContext,
+    LocalUpdate,
+    Method,
+    RunInfo,
+    ServerMethod,
+    ServerRound,
+    ServerSetup,
     algorithm_class,
     make_algorithm,
     register_algorithm,
@@ -47,10 +55,11 @@ from secure_fl.algorithms.scaffold import Scaffold, ScaffoldParams
 
 __all__ = [
     "ALGORITHMS",
-    "Algorithm",
     "ClientContext",
     "ClientData",
-    "ClientUpdate",
+    "ClientMethod",
+    "ClientState",
+    "ContributionContext",
     "FedAvg",
     "FedAvgParams",
     "FedProx",
@@ -61,12 +70,16 @@ __all__ = [
     "LocalResult",
     "LocalTrainer",
     "LocalTraining",
+    "LocalUpdate",
+    "Method",
     "Reweighting",
     "ReweightingParams",
+    "RunInfo",
     "Scaffold",
     "ScaffoldParams",
-    "ServerContext",
-    "SetupContext",
+    "ServerMethod",
+    "ServerRound",
+    "ServerSetup",
     "algorithm_class",
     "inverse_frequency_weights",
     "make_algorithm",

@@ -1,37 +1,39 @@
-"""The interface every federated method implements, and the registry of methods by name.
+"""The interface every federated method implements: a server half and a client half.
 
-A method is one :class:`Algorithm` subclass whose hyper-parameters are a frozen dataclass
-(its ``Params``), registered under a lower-case name with :func:`register_algorithm`. The
-runtime drives it through these hooks, once per run or per round:
+A method is a :class:`Method` subclass registered by name (:func:`register_algorithm`) with
+frozen dataclass hyper-parameters (``Params``), a ``Server`` class (a :class:`ServerMethod`)
+and a ``Client`` class (a :class:`ClientMethod`). The two halves share only the frozen params
+and the run's public :class:`RunInfo`; everything else crosses the network as messages.
 
-``setup(ctx: SetupContext)``
-    before the first round (and again when a run resumes): declare and request the global
-    statistics the method needs up front (FedShift's label histogram).
-``broadcast(ctx: ServerContext) -> {name: tensor}``
-    what the server sends every selected client besides the global model (SCAFFOLD's
-    control variate); the runtime counts its bytes.
-``client_update(ctx: ClientContext) -> ClientUpdate``
-    client side: local training from the global model with the method's
-    :class:`~secure_fl.algorithms.local.LocalObjective`; ``ctx.state`` is this client's own
-    dict that persists across rounds (SCAFFOLD's c_i, CLIMB's λ_i).
-``aggregate(updates, ctx: ServerContext) -> new global vector``
-    server side, through ``ctx.weighted_mean`` / ``ctx.updates`` / ``ctx.stats`` so that
-    every sum over clients goes through the configured protocol.
-``after_round(updates, ctx: ServerContext)``
-    after the new global model is set (Ratio Loss's monitor, CLIMB's dual step).
-``round_metrics() -> {name: float}``
-    after ``after_round``: the method's own per-round numbers (Ratio Loss's monitor cosine,
-    CLIMB's λ̄), stored by the runtime next to the round's accuracy (``RoundRow.metrics``).
-    Values put into ``ServerContext.metrics`` during ``aggregate`` / ``after_round`` are
-    stored the same way.
+Server half (one per run, on the server), driven by the server loop:
 
-Server-side state that must survive a resume goes through ``state_dict`` /
-``load_state_dict``; client-side state lives in ``ctx.state`` (checkpointed by the runtime).
+``setup(ctx: ServerSetup)``
+    before the first round (and again on resume): request once-per-run statistics from every
+    client (FedShift's label histogram); ``ctx.holdout`` is the server's own data where a paper
+    gives it some (Ratio Loss's auxiliary set), ``ctx.model`` its copy of the public model.
+``broadcast(ctx: ServerRound) -> {name: tensor}``
+    vectors sent to the round's cohort with the global model (SCAFFOLD's control variate).
+``aggregate(ctx: ServerRound) -> new global vector``
+    through ``ctx.weighted_mean`` / ``ctx.updates.sum`` / ``ctx.stats.request``: the server gets
+    releases (:class:`~secure_fl.stats.Release`) — aggregates, never a client's own value when
+    the statistic goes through a secure protocol.
+``after_round(ctx)``, ``round_metrics()``, ``state_dict()`` / ``load_state_dict()``.
 
-When the run enables DP-SGD (``[privacy.dp_sgd]``), :meth:`ClientContext.train` trains
-through :meth:`~secure_fl.privacy.dpsgd.DPSGD.train_client` and keeps the client's accountant
-in ``ctx.state["dp_sgd"]``; a method that trains by any other way than ``ctx.train`` is
-refused by the runtime under DP-SGD.
+Client half (one per client, in its node; the node keeps its persistent ``state`` dict, which
+serialises to bytes with the node's snapshot):
+
+``train(ctx: ClientContext) -> LocalUpdate``
+    local training from the broadcast model; what it returns stays in the node.
+``contribution(name, ctx: ContributionContext)``
+    this client's vector of a statistic the server opened (the node checks the request first).
+    The base class answers ``total_samples`` (|D_i|) and ``model_update`` (the update scaled by
+    :meth:`ClientMethod.update_weight`); subclasses add theirs to :attr:`ClientMethod.sources`.
+``learned(learned: Learned, ctx: ClientState)``
+    a statistic this client learned (FedShift's prior, CLIMB's f̄ and λ̄).
+
+Under DP-SGD (``[privacy.dp_sgd]``) :meth:`ClientContext.train` trains through
+:meth:`~secure_fl.privacy.dpsgd.DPSGD.train_client`; a method that trains any other way is
+refused by the node.
 """
 
 from __future__ import annotations
@@ -39,21 +41,32 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from protocols import PolicyError
 from secure_fl.algorithms.local import (
     ClientData,
     FlatLayout,
     LocalObjective,
     LocalResult,
     LocalTrainer,
+    LocalTraining,
 )
-from secure_fl.stats import TOTAL_SAMPLES, GlobalStatistics, StatisticDeclaration
+from secure_fl.stats import (
+    MODEL_UPDATE,
+    TOTAL_SAMPLES,
+    Learned,
+    Release,
+    StatisticDeclaration,
+    StatsCoordinator,
+    UpdateSettings,
+)
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGD
@@ -62,12 +75,17 @@ if TYPE_CHECKING:
 __all__ = [
     "ALGORITHMS",
     "DP_SGD_STATE",
-    "Algorithm",
     "ClientContext",
-    "ClientUpdate",
+    "ClientMethod",
+    "ClientState",
+    "ContributionContext",
     "HeldOut",
-    "ServerContext",
-    "SetupContext",
+    "LocalUpdate",
+    "Method",
+    "RunInfo",
+    "ServerMethod",
+    "ServerRound",
+    "ServerSetup",
     "algorithm_class",
     "check_round_metrics",
     "make_algorithm",
@@ -75,24 +93,21 @@ __all__ = [
 ]
 
 DP_SGD_STATE = "dp_sgd"
-"""Key of the DP-SGD accountant state (``DPSGDState.to_dict()``) in a client's ``ctx.state``."""
+"""Key of the DP-SGD accountant state (``DPSGDState.to_dict()``) in a client's state."""
+
+Vector = torch.Tensor | npt.NDArray[Any]
 
 
-@dataclass(frozen=True, eq=False)
-class ClientUpdate:
-    """What a client hands back after local training (before any secure sum).
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """What both halves of a method know of the run: public parameters only."""
 
-    ``delta`` is the local model minus the global one (flat); ``extras`` carries further
-    vectors a method sums (SCAFFOLD's control-variate change). ``loss`` is the mean batch
-    loss of local training.
-    """
-
-    client_id: int
-    delta: torch.Tensor
-    num_samples: int
-    steps: int
-    loss: float
-    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    num_clients: int
+    num_classes: int
+    dimension: int
+    rounds: int
+    training: LocalTraining
+    updates: UpdateSettings
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,8 +115,7 @@ class HeldOut:
     """Training samples that no client holds: rows ``index`` of the training set ``(x, y)``.
 
     Server-side data (Ratio Loss's monitor draws its auxiliary samples here). It refers to the
-    training arrays instead of copying them, so a run whose clients use a small subset of a
-    large set does not pay for the rest twice; :meth:`take` copies only the rows asked for.
+    training arrays instead of copying them; :meth:`take` copies only the rows asked for.
     ``index`` is sorted, so positions follow the training set's order.
     """
 
@@ -128,27 +142,147 @@ class HeldOut:
         return np.asarray(self.x[rows]), np.asarray(self.y[rows])
 
 
-@dataclass(eq=False)
-class SetupContext:
-    """What a method may use before training. ``clients`` is client-side knowledge only."""
+# --- the server half ---------------------------------------------------------------------------
 
-    num_clients: int
-    num_classes: int
-    dimension: int
-    stats: GlobalStatistics
-    clients: Mapping[int, ClientData]
+@dataclass(eq=False)
+class ServerSetup:
+    """What the server half may use before training: public facts, its own data and model."""
+
+    info: RunInfo
+    stats: StatsCoordinator
+    clients: tuple[int, ...]
     device: torch.device
     holdout: HeldOut | None = None
-    """Training samples outside every client's data (server side); ``None`` when the runtime has none."""
-    trainer: LocalTrainer | None = None
-    """The run's model (with its flat layout), local-training recipe and loss: public knowledge the
-    server shares. Server-side code may evaluate a global vector on ``trainer.model`` and must
-    restore its weights; ``None`` when the runtime gives no model."""
+    """Training samples outside every client's data (the server's own); ``None`` when there are none."""
+    model: LocalTrainer | None = None
+    """The server's copy of the public model, recipe and loss: it may evaluate global vectors on it."""
+
+
+@dataclass(eq=False)
+class ServerRound:
+    """The server's view of one round: the global model, the cohort and the secure sums."""
+
+    round: int
+    global_vector: torch.Tensor
+    cohort: tuple[int, ...]
+    info: RunInfo
+    stats: StatsCoordinator
+    updates: UpdateSum
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The round's method metrics (stored with the round, as :meth:`ServerMethod.round_metrics`)."""
+    releases: list[Release] = field(default_factory=list)
+    """This round's releases so far (the runtime reports clipping from them)."""
+
+    @property
+    def num_clients(self) -> int:
+        return self.info.num_clients
+
+    def request(self, declaration: StatisticDeclaration, *, cohort: tuple[int, ...] | None = None) -> Release:
+        release = self.stats.request(declaration, cohort=self.cohort if cohort is None else cohort, round=self.round)
+        self.releases.append(release)
+        return release
+
+    def update_sum(self, statistic: str, *, cohort: tuple[int, ...] | None = None) -> torch.Tensor:
+        total, release = self.updates.sum(statistic, cohort=self.cohort if cohort is None else cohort,
+                                          round=self.round)
+        self.releases.append(release)
+        return total
+
+    def weighted_mean(self, *, statistic: str = MODEL_UPDATE,
+                      weight: StatisticDeclaration = TOTAL_SAMPLES) -> torch.Tensor:
+        """Σ_i (a_i / Σ_j a_j) v_i with both sums secure.
+
+        First the weights a_i are summed as ``weight`` (learned by the clients, which scale their
+        own vector by a_i / Σ a_j — client-side, so every scaled entry stays within the update
+        bound); then the contributors of that sum send their scaled vectors as ``statistic``.
+        """
+        if "clients" not in weight.learners:
+            raise ValueError(f"statistic {weight.name!r} must be learned by the clients to scale by it")
+        total = self.request(weight)
+        if total.value is not None and total.scalar() <= 0:
+            raise ValueError(f"statistic {weight.name!r} summed to {total.scalar()}; cannot average")
+        return self.update_sum(statistic, cohort=total.contributors)
+
+
+class ServerMethod(ABC):
+    """A method's server half (see the module docstring)."""
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        self.params = params
+        self.info = info
+
+    def setup(self, ctx: ServerSetup) -> None:
+        """Before the first round (and on resume): request once-per-run statistics."""
+
+    def broadcast(self, ctx: ServerRound) -> dict[str, torch.Tensor]:
+        """Vectors the server sends each member of the cohort with the global model."""
+        return {}
+
+    @abstractmethod
+    def aggregate(self, ctx: ServerRound) -> torch.Tensor:
+        """The new global flat vector, from releases only."""
+
+    def after_round(self, ctx: ServerRound) -> None:
+        """After the new global model is in place."""
+
+    def round_metrics(self) -> Mapping[str, float]:
+        """The method's numbers for the round that just ended: server knowledge only."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state to checkpoint (tensors are fine)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got keys {sorted(state)}")
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+# --- the client half ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class LocalUpdate:
+    """What local training produced; it stays in the client's node.
+
+    ``delta`` is the local model minus the global one (flat); ``extras`` further vectors the
+    client may contribute (SCAFFOLD's control-variate change); ``loss`` the mean batch loss.
+    """
+
+    delta: torch.Tensor
+    num_samples: int
+    steps: int
+    loss: float
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ClientState:
+    """One client's own knowledge: its data, its persistent state and what it learned this round."""
+
+    client_id: int
+    round: int
+    data: ClientData
+    state: dict[str, Any]
+    learned: dict[str, Learned]
+    """Statistics this client learned in this round, by name."""
+
+
+@dataclass(eq=False)
+class ContributionContext(ClientState):
+    """A client asked for its vector of a statistic."""
+
+    update: LocalUpdate | None = None
+    """This round's local update (``None`` before training)."""
+    cohort_size: int = 0
+    """How many clients the request asks (public: the request names them)."""
 
 
 @dataclass(eq=False)
 class ClientContext:
-    """One client's view during one round: its data, its persistent state, the broadcast."""
+    """One client's view while training: its data, its persistent state, the broadcast."""
 
     round: int
     data: ClientData
@@ -156,12 +290,11 @@ class ClientContext:
     global_vector: torch.Tensor
     broadcast: Mapping[str, torch.Tensor]
     lr: float
-    num_clients: int
-    num_classes: int
+    info: RunInfo
     trainer: LocalTrainer
     shuffle: torch.Generator
     dp_sgd: DPSGD | None = None
-    """The run's DP-SGD (``None``: plain local SGD); set by the runtime from ``[privacy.dp_sgd]``."""
+    """The run's DP-SGD (``None``: plain local SGD)."""
     dp_epsilon: float | None = None
     """This client's DP-SGD ε so far, after :meth:`train` ran under DP-SGD."""
     trainings: int = 0
@@ -172,17 +305,19 @@ class ClientContext:
         return self.data.client_id
 
     @property
+    def num_clients(self) -> int:
+        return self.info.num_clients
+
+    @property
+    def num_classes(self) -> int:
+        return self.info.num_classes
+
+    @property
     def layout(self) -> FlatLayout:
         return self.trainer.layout
 
     def train(self, objective: LocalObjective | None = None) -> LocalResult:
-        """Local SGD from the global model with the run's client optimiser and loss.
-
-        Under DP-SGD: the same model, optimiser, loss, epochs and B through
-        :meth:`DPSGD.train_client <secure_fl.privacy.dpsgd.DPSGD.train_client>` (per-sample
-        clipping, Gaussian noise, Poisson batches); the client's accountant state lives in
-        ``self.state["dp_sgd"]`` and grows with every call.
-        """
+        """Local SGD from the global model with the run's client optimiser and loss (DP-SGD when on)."""
         self.trainings += 1
         if self.dp_sgd is None or self.data.num_samples == 0:
             return self.trainer.train(self.data, self.global_vector, lr=self.lr, shuffle=self.shuffle,
@@ -197,54 +332,69 @@ class ClientContext:
         return local
 
 
-@dataclass(eq=False)
-class ServerContext:
-    """The server's view of one round: the global model and the secure-sum services."""
-
-    round: int
-    global_vector: torch.Tensor
-    selected: tuple[int, ...]
-    num_clients: int
-    stats: GlobalStatistics
-    updates: UpdateSum
-    metrics: dict[str, float] = field(default_factory=dict)
-    """The round's method metrics: ``ctx.metrics["name"] = value`` in ``aggregate`` or
-    ``after_round`` is stored with the round (as :meth:`Algorithm.round_metrics` values are)."""
-
-    def weighted_mean(
-        self,
-        vectors: Mapping[int, torch.Tensor],
-        weights: Mapping[int, float],
-        *,
-        statistic: str = "model_update",
-        weight_statistic: StatisticDeclaration = TOTAL_SAMPLES,
-    ) -> torch.Tensor:
-        """Σ_i (a_i / Σ_j a_j) v_i with both sums secure.
-
-        First the clients' weights a_i are summed as ``weight_statistic`` (its learners
-        must include the clients); then each client scales its own vector by a_i / Σ a_j
-        — client-side work, so every scaled entry stays within the update bound — and the
-        scaled vectors are summed as ``statistic``.
-        """
-        if set(vectors) != set(weights):
-            raise ValueError("weighted_mean needs a weight for every vector and no other")
-        if "clients" not in weight_statistic.learners:
-            raise ValueError(f"statistic {weight_statistic.name!r} must be learned by the clients to scale by it")
-        ids = sorted(vectors)
-        total = float(self.stats.request(
-            weight_statistic, {c: np.array([weights[c]]) for c in ids}, round=self.round
-        )[0])
-        if total <= 0:
-            raise ValueError(f"statistic {weight_statistic.name!r} summed to {total}; cannot average")
-        scaled = {c: vectors[c] * (float(weights[c]) / total) for c in ids}
-        return self.updates.sum(scaled, statistic=statistic, round=self.round)
+Source = Callable[[ContributionContext], Vector]
 
 
-class Algorithm(ABC):
-    """A federated method. Subclasses set ``Params`` (a frozen dataclass) and register a name."""
+class ClientMethod(ABC):
+    """A method's client half (see the module docstring)."""
+
+    update_statistics: ClassVar[tuple[str, ...]] = (MODEL_UPDATE,)
+    """Model-sized statistics this half contributes to (declared from the run's update settings)."""
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        self.params = params
+        self.info = info
+        self.sources: dict[str, Source] = {
+            TOTAL_SAMPLES.name: lambda ctx: np.array([float(ctx.data.num_samples)]),
+            MODEL_UPDATE: self.scaled_update,
+        }
+        """Statistic name → how this client computes its vector."""
+
+    def declarations(self) -> dict[str, StatisticDeclaration]:
+        """Every statistic this half contributes to, as declared (public)."""
+        out = {TOTAL_SAMPLES.name: TOTAL_SAMPLES}
+        for name in self.update_statistics:
+            out[name] = self.info.updates.declaration(name)
+        return out
+
+    @abstractmethod
+    def train(self, ctx: ClientContext) -> LocalUpdate:
+        """Train locally from the broadcast model."""
+
+    def contribution(self, name: str, ctx: ContributionContext) -> Vector:
+        source = self.sources.get(name)
+        if source is None:
+            raise PolicyError(f"the client half of {type(self).__name__} contributes no statistic {name!r}")
+        return source(ctx)
+
+    def learned(self, learned: Learned, ctx: ClientState) -> None:
+        """A statistic this client learned (the node also keeps it in ``ctx.learned`` for the round)."""
+
+    # --- the weighted update -------------------------------------------------------------------
+
+    def update_weight(self, ctx: ContributionContext) -> float:
+        """The factor this client scales its update by: |D_i| / Σ_j |D_j| (FedAvg), from the round's
+        ``total_samples`` it learned."""
+        total = ctx.learned.get(TOTAL_SAMPLES.name)
+        if total is None:
+            raise PolicyError("asked for a weighted update before this round's total_samples reached this client")
+        return float(ctx.data.num_samples) / float(total.value.reshape(-1)[0])
+
+    def scaled_update(self, ctx: ContributionContext) -> torch.Tensor:
+        if ctx.update is None:
+            raise PolicyError("asked for a model update before this client trained in this round")
+        return ctx.update.delta * self.update_weight(ctx)
+
+
+# --- the method and its registry ---------------------------------------------------------------
+
+class Method:
+    """A registered method: its params and the classes of its two halves."""
 
     name: ClassVar[str]
     Params: ClassVar[type[Any]]
+    Server: ClassVar[type[ServerMethod]]
+    Client: ClassVar[type[ClientMethod]]
 
     def __init__(self, params: Any = None) -> None:
         params = self.Params() if params is None else params
@@ -252,41 +402,11 @@ class Algorithm(ABC):
             raise TypeError(f"{type(self).__name__} takes {self.Params.__name__}, got {type(params).__name__}")
         self.params = params
 
-    def setup(self, ctx: SetupContext) -> None:
-        """Before the first round (and on resume): request once-per-run statistics."""
+    def server(self, info: RunInfo) -> ServerMethod:
+        return self.Server(self.params, info)
 
-    def broadcast(self, ctx: ServerContext) -> dict[str, torch.Tensor]:
-        """Vectors the server sends each selected client with the global model."""
-        return {}
-
-    @abstractmethod
-    def client_update(self, ctx: ClientContext) -> ClientUpdate:
-        """Client side: train locally and return the update."""
-
-    @abstractmethod
-    def aggregate(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> torch.Tensor:
-        """Server side: the new global flat vector from the round's updates."""
-
-    def after_round(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> None:
-        """After the new global model is in place."""
-
-    def round_metrics(self) -> Mapping[str, float]:
-        """The method's numbers for the round that just ended (after ``after_round``).
-
-        Names are ``[A-Za-z][A-Za-z0-9_.-]*`` (at most 64 characters), values real numbers
-        (``None``, ``nan`` and ``inf`` are stored as missing). The runtime stores them per round
-        (``RoundRow.metrics``), shows them in ``secure-fl run``'s table and in the JSON
-        ``metrics`` object. Server-side knowledge only: what the method has learned.
-        """
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Server-side state to checkpoint (tensors are fine)."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{self.name} keeps no state, got keys {sorted(state)}")
+    def client(self, info: RunInfo) -> ClientMethod:
+        return self.Client(self.params, info)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, **{f.name: getattr(self.params, f.name) for f in fields(self.params)}}
@@ -303,7 +423,7 @@ def check_round_metrics(values: Mapping[str, Any], *, source: str) -> dict[str, 
     for name, value in values.items():
         if not isinstance(name, str) or not _METRIC_NAME.match(name):
             raise ValueError(f"{source}: metric name {name!r} must match [A-Za-z][A-Za-z0-9_.-]* (<= 64 chars)")
-        if value is None:  # "no value this round"
+        if value is None:
             out[name] = None
             continue
         if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -317,23 +437,26 @@ def check_round_metrics(values: Mapping[str, Any], *, source: str) -> dict[str, 
     return out
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: dict[str, type[Method]] = {}
 
-A = TypeVar("A", bound=type[Algorithm])
+M = TypeVar("M", bound=type[Method])
 
 
-def register_algorithm(name: str) -> Callable[[A], A]:
+def register_algorithm(name: str) -> Callable[[M], M]:
     """Class decorator: make a method available under its lower-case registry ``name``."""
     if name != name.lower():
         raise ValueError(f"algorithm names are lower-case, got {name!r}")
 
-    def deco(cls: A) -> A:
+    def deco(cls: M) -> M:
         if name in ALGORITHMS and ALGORITHMS[name] is not cls:
             raise ValueError(f"algorithm {name!r} is already registered to {ALGORITHMS[name].__qualname__}")
         params = getattr(cls, "Params", None)
         options = getattr(params, "__dataclass_params__", None)
         if not (isinstance(params, type) and is_dataclass(params) and options is not None and options.frozen):
             raise TypeError(f"{cls.__qualname__}.Params must be a frozen dataclass")
+        for half, base in (("Server", ServerMethod), ("Client", ClientMethod)):
+            if not (isinstance(getattr(cls, half, None), type) and issubclass(getattr(cls, half), base)):
+                raise TypeError(f"{cls.__qualname__}.{half} must be a {base.__name__} subclass")
         cls.name = name
         ALGORITHMS[name] = cls
         return cls
@@ -341,14 +464,14 @@ def register_algorithm(name: str) -> Callable[[A], A]:
     return deco
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
+def algorithm_class(name: str) -> type[Method]:
     try:
         return ALGORITHMS[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
 
 
-def make_algorithm(name: str, params: Mapping[str, Any] | None = None) -> Algorithm:
+def make_algorithm(name: str, params: Mapping[str, Any] | None = None) -> Method:
     """Build a method from its name and hyper-parameters; unknown parameters are named in the error."""
     cls = algorithm_class(name)
     given = dict(params or {})

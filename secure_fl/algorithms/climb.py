@@ -47,10 +47,13 @@ Partial participation: f̄ and λ̄ are means over the round's participants (unb
 of the means over all N), and a client takes its dual step when it next joins a dual round;
 ``primal_steps = 1`` then gives every participation a dual step.
 
-The client-side pieces that run inside :meth:`aggregate` (scaling by w_i after λ̄ is known)
-follow the convention of :meth:`ServerContext.weighted_mean`, which scales each client's
-vector by a statistic its clients learned; the values involved reach the server only through
-the two declared secure sums and the secure update sum.
+The two halves. :class:`ClimbServer` decides when each sum is needed (it knows the schedule and
+the cohorts — public — never a λ_i or an f_i) and opens it; :class:`ClimbClient` keeps λ_i, its
+pending loss and the f̄ and λ̄ it learned in its own state, and scales its own update by
+``w_i |D_i| / Σ|D_j|``. The values involved reach the server only through the two declared
+secure sums and the secure update sum. When the server reuses λ̄ (same cohort as its last λ
+sum, no dual round since), every member of the cohort learned that λ̄ from that sum and uses
+it; before the first dual step every λ_i is the public initial 0, so λ̄ = 0 without a sum.
 """
 
 from __future__ import annotations
@@ -60,17 +63,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
-from secure_fl.algorithms.base import ClientContext, ClientUpdate, ServerContext, register_algorithm
-from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
-from secure_fl.stats import StatisticDeclaration
+from secure_fl.algorithms.base import (
+    ClientContext,
+    ClientState,
+    ContributionContext,
+    LocalUpdate,
+    Method,
+    RunInfo,
+    ServerRound,
+    register_algorithm,
+)
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from secure_fl.stats import Learned, StatisticDeclaration
 
 __all__ = [
     "LAMBDA_SUM",
     "LOSS_SUM",
     "Climb",
+    "ClimbClient",
     "ClimbParams",
+    "ClimbServer",
     "client_loss",
     "climb_weight",
     "dual_step",
@@ -134,7 +149,7 @@ def loss_declaration(params: ClimbParams) -> StatisticDeclaration:
     """Σ f_i over a dual round's clients; the clients divide by their (public) count for f̄."""
     return StatisticDeclaration(
         name=LOSS_SUM, length=1, bound=float(params.loss_bound), kind="float", learners=_learners(params.server_learns),
-        per_round=True, frac_bits=FRAC_BITS,
+        per_round=True, frac_bits=FRAC_BITS, clip=True,
         description=(
             "CLIMB: sum of the clients' mean training losses f_i under the broadcast model, at each dual "
             f"round. Each f_i is clipped to [0, {params.loss_bound:g}] (clips counted). Clients learn it "
@@ -186,106 +201,142 @@ def client_loss(ctx: ClientContext, *, chunk: int = 4096) -> float:
     return total / data.num_samples
 
 
-@register_algorithm("climb")
-class Climb(FedAvg):
-    """FedAvg with client weights 1 + λ_i − λ̄ and client-side dual ascent on λ_i."""
+def is_dual_round(params: ClimbParams, round: int) -> bool:
+    return round % params.primal_steps == 0
 
-    Params = ClimbParams
+
+class ClimbServer(FedAvgServer):
+    """Opens the λ and loss sums when the schedule needs them; aggregates the weighted updates."""
+
     params: ClimbParams
 
-    def __init__(self, params: ClimbParams | None = None) -> None:
-        super().__init__(params)
-        self._loss = loss_declaration(self.params)
-        self._lambda = lambda_declaration(self.params)
+    def __init__(self, params: ClimbParams, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self._loss = loss_declaration(params)
+        self._lambda = lambda_declaration(params)
+        self.dual_rounds: list[int] = []
+        """Rounds whose loss sum was taken (public: the server opened them)."""
         self.loss_means: dict[int, float] = {}
-        """f̄ of each dual round, as released to that round's clients (client-side knowledge:
-        a client reads only the entry of a round it contributed to)."""
+        """f̄ of each dual round, where the server learns it (``server_learns``)."""
         self.lambda_mean: float | None = None
-        """λ̄ of the last λ sum, and the clients it was taken over (reused while no λ_i can
-        have changed: between dual rounds, with the same clients)."""
-        self.lambda_clients: tuple[int, ...] = ()
+        """λ̄ of the last λ sum (``None`` before any, or when the server does not learn it)."""
+        self.lambda_clients: tuple[int, ...] | None = None
+        """The cohort of the last λ̄ (a sum, or the public 0 before any dual step)."""
 
-    def is_dual_round(self, round: int) -> bool:
-        return round % self.params.primal_steps == 0
+    def _mean(self, ctx: ServerRound, declaration: StatisticDeclaration) -> float | None:
+        release = ctx.request(declaration)
+        if release.value is None:
+            return None
+        return release.scalar() / max(len(release.contributors), 1)
 
-    # --- client side ---------------------------------------------------------------------------
-
-    def client_update(self, ctx: ClientContext) -> ClientUpdate:
-        p, state = self.params, ctx.state
-        lam = float(state.get("lambda", 0.0))
-        extras: dict[str, torch.Tensor] = {}
-        if self.is_dual_round(ctx.round):
-            pending = state.pop("pending", None)
-            if pending is not None:
-                measured_round, loss = int(pending[0]), float(pending[1])
-                mean_loss = self.loss_means.get(measured_round)
-                if mean_loss is not None:
-                    lam = dual_step(lam, loss, mean_loss, step=p.dual_step_size(ctx.num_clients),
-                                    tolerance=p.tolerance, lambda_max=p.lambda_max)
-                    state["lambda"] = lam
-            loss = client_loss(ctx)
-            state["pending"] = (ctx.round, min(max(loss, 0.0), p.loss_bound))
-            extras[_LOSS] = torch.tensor([loss], dtype=torch.float64)
-        extras[_LAMBDA] = torch.tensor([lam], dtype=torch.float64)
-        result = ctx.train(self.local_objective(ctx))
-        return ClientUpdate(
-            client_id=ctx.client_id, delta=result.vector - ctx.global_vector,
-            num_samples=ctx.data.num_samples, steps=result.steps, loss=result.loss, extras=extras,
-        )
-
-    # --- aggregation -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _secure_mean(ctx: ServerContext, declaration: StatisticDeclaration, inputs: Mapping[int, Any],
-                     *, clip: bool = False) -> float:
-        """Σ inputs / (number of contributors), through the run's protocol for ``declaration``."""
-        total = float(ctx.stats.request(declaration, inputs, round=ctx.round, clip=clip)[0])
-        contributors = len(ctx.stats.records[-1].contributors) or len(inputs)
-        return total / contributors
-
-    def _mean_lambda(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> float:
-        ids = tuple(sorted(u.client_id for u in updates))
-        if not any(r < ctx.round for r in self.loss_means):
+    def aggregate(self, ctx: ServerRound) -> torch.Tensor:
+        dual = is_dual_round(self.params, ctx.round)
+        if not any(r < ctx.round for r in self.dual_rounds):
             # no dual step can have happened yet: every λ_i is still the public initial 0
-            self.lambda_mean, self.lambda_clients = 0.0, ids
-        elif self.lambda_mean is None or self.is_dual_round(ctx.round) or ids != self.lambda_clients:
-            inputs = {u.client_id: u.extras[_LAMBDA].numpy() for u in updates}
-            self.lambda_mean, self.lambda_clients = self._secure_mean(ctx, self._lambda, inputs), ids
-        return self.lambda_mean
-
-    def aggregate(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> torch.Tensor:
-        mean_lambda = self._mean_lambda(updates, ctx)
-        # client side: each client scales its own update by w_i = 1 + λ_i − λ̄
-        scaled = {
-            u.client_id: u.delta * climb_weight(float(u.extras[_LAMBDA][0]), mean_lambda) for u in updates
-        }
-        mean = ctx.weighted_mean(scaled, {u.client_id: u.num_samples for u in updates})
-        if self.is_dual_round(ctx.round):
-            losses = {u.client_id: u.extras[_LOSS].numpy() for u in updates}
-            self.loss_means[ctx.round] = self._secure_mean(ctx, self._loss, losses, clip=True)
-            if self.params.server_learns:
-                ctx.metrics["loss_mean"] = self.loss_means[ctx.round]
-        if self.params.server_learns:  # the run's own aggregates only, never a client's value
-            ctx.metrics["lambda_mean"] = mean_lambda
-        if self.params.server_lr == 1.0:
-            return ctx.global_vector + mean
-        return ctx.global_vector + self.params.server_lr * mean
-
-    # --- checkpoints -----------------------------------------------------------------------------
+            self.lambda_mean, self.lambda_clients = 0.0, ctx.cohort
+        elif self.lambda_clients is None or dual or ctx.cohort != self.lambda_clients:
+            self.lambda_mean, self.lambda_clients = self._mean(ctx, self._lambda), ctx.cohort
+        mean = ctx.weighted_mean()
+        if dual:
+            loss_mean = self._mean(ctx, self._loss)
+            self.dual_rounds.append(ctx.round)
+            if loss_mean is not None:
+                self.loss_means[ctx.round] = loss_mean
+                ctx.metrics["loss_mean"] = loss_mean
+        if self.lambda_mean is not None and self.params.server_learns:
+            ctx.metrics["lambda_mean"] = self.lambda_mean
+        return self.step(ctx, mean)
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "dual_rounds": list(self.dual_rounds),
             "loss_means": {int(r): float(v) for r, v in self.loss_means.items()},
             "lambda_mean": self.lambda_mean,
-            "lambda_clients": list(self.lambda_clients),
+            "lambda_clients": None if self.lambda_clients is None else list(self.lambda_clients),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        expected = {"loss_means", "lambda_mean", "lambda_clients"}
+        expected = {"dual_rounds", "loss_means", "lambda_mean", "lambda_clients"}
         if set(state) != expected:
             raise ValueError(f"CLIMB state needs keys {sorted(expected)}, got {sorted(state)}")
+        self.dual_rounds = [int(r) for r in state["dual_rounds"]]
         self.loss_means = {int(r): float(v) for r, v in state["loss_means"].items()}
         mean = state["lambda_mean"]
         self.lambda_mean = None if mean is None else float(mean)
-        self.lambda_clients = tuple(int(c) for c in state["lambda_clients"])
+        clients = state["lambda_clients"]
+        self.lambda_clients = None if clients is None else tuple(int(c) for c in clients)
 
+
+LAMBDA_STATE = "lambda"
+PENDING_STATE = "pending"
+LOSS_MEAN_STATE = "loss_mean"
+LAMBDA_MEAN_STATE = "lambda_mean"
+
+
+class ClimbClient(FedAvgClient):
+    """Keeps λ_i, its pending loss and what it learned; scales its own update by w_i."""
+
+    params: ClimbParams
+
+    def __init__(self, params: ClimbParams, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self.sources[LOSS_SUM] = lambda ctx: self._extra(ctx, _LOSS)
+        self.sources[LAMBDA_SUM] = lambda ctx: np.array([float(ctx.state.get(LAMBDA_STATE, 0.0))])
+
+    def declarations(self) -> dict[str, StatisticDeclaration]:
+        out = super().declarations()
+        out[LOSS_SUM] = loss_declaration(self.params)
+        out[LAMBDA_SUM] = lambda_declaration(self.params)
+        return out
+
+    @staticmethod
+    def _extra(ctx: ContributionContext, name: str) -> torch.Tensor:
+        if ctx.update is None or name not in ctx.update.extras:
+            from protocols import PolicyError
+
+            raise PolicyError(f"asked for {name!r} in a round where this client measured none")
+        return ctx.update.extras[name]
+
+    def train(self, ctx: ClientContext) -> LocalUpdate:
+        p, state = self.params, ctx.state
+        lam = float(state.get(LAMBDA_STATE, 0.0))
+        extras: dict[str, torch.Tensor] = {}
+        if is_dual_round(p, ctx.round):
+            pending = state.pop(PENDING_STATE, None)
+            learned = state.get(LOSS_MEAN_STATE)
+            if pending is not None and learned is not None and int(learned[0]) == int(pending[0]):
+                lam = dual_step(lam, float(pending[1]), float(learned[1]), step=p.dual_step_size(ctx.num_clients),
+                                tolerance=p.tolerance, lambda_max=p.lambda_max)
+                state[LAMBDA_STATE] = lam
+            loss = client_loss(ctx)
+            state[PENDING_STATE] = (ctx.round, min(max(loss, 0.0), p.loss_bound))
+            extras[_LOSS] = torch.tensor([loss], dtype=torch.float64)
+        result = ctx.train(self.local_objective(ctx))
+        return LocalUpdate(delta=result.vector - ctx.global_vector, num_samples=ctx.data.num_samples,
+                           steps=result.steps, loss=result.loss, extras=extras)
+
+    def learned(self, learned: Learned, ctx: ClientState) -> None:
+        if learned.name == LOSS_SUM:
+            ctx.state[LOSS_MEAN_STATE] = (learned.round, learned.mean())
+        elif learned.name == LAMBDA_SUM:
+            ctx.state[LAMBDA_MEAN_STATE] = learned.mean()
+
+    def scaled_update(self, ctx: ContributionContext) -> torch.Tensor:
+        """(w_i Δ_i) · |D_i| / Σ|D_j|, with λ̄ learned this round, or the last one learned (0 before any)."""
+        if ctx.update is None:
+            from protocols import PolicyError
+
+            raise PolicyError("asked for a model update before this client trained in this round")
+        this_round = ctx.learned.get(LAMBDA_SUM)
+        mean = this_round.mean() if this_round is not None else float(ctx.state.get(LAMBDA_MEAN_STATE, 0.0))
+        weight = climb_weight(float(ctx.state.get(LAMBDA_STATE, 0.0)), mean)
+        return (ctx.update.delta * weight) * self.update_weight(ctx)
+
+
+@register_algorithm("climb")
+class Climb(Method):
+    """FedAvg with client weights 1 + λ_i − λ̄ and client-side dual ascent on λ_i."""
+
+    Params = ClimbParams
+    Server = ClimbServer
+    Client = ClimbClient

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from secure_fl.algorithms.base import (
-    Algorithm,
     ClientContext,
-    ClientUpdate,
-    ServerContext,
+    ClientMethod,
+    LocalUpdate,
+    Method,
+    ServerMethod,
+    ServerRound,
     register_algorithm,
 )
 from secure_fl.algorithms.local import LocalObjective
 
-__all__ = ["FedAvg", "FedAvgParams"]
+__all__ = ["FedAvg", "FedAvgClient", "FedAvgParams", "FedAvgServer"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,28 +30,37 @@ class FedAvgParams:
             raise ValueError(f"server_lr must be positive, got {self.server_lr}")
 
 
-@register_algorithm("fedavg")
-class FedAvg(Algorithm):
+class FedAvgServer(ServerMethod):
     """x ← x + η_g Σ_i (|D_i| / Σ_j |D_j|) (y_i − x); Σ|D_j| and the weighted sum are secure sums."""
 
-    Params = FedAvgParams
     params: FedAvgParams
 
-    def local_objective(self, ctx: ClientContext) -> LocalObjective:
-        """Plain local training; subclasses change the objective here."""
-        return LocalObjective()
-
-    def client_update(self, ctx: ClientContext) -> ClientUpdate:
-        result = ctx.train(self.local_objective(ctx))
-        return ClientUpdate(
-            client_id=ctx.client_id, delta=result.vector - ctx.global_vector,
-            num_samples=ctx.data.num_samples, steps=result.steps, loss=result.loss,
-        )
-
-    def aggregate(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> torch.Tensor:
-        mean = ctx.weighted_mean(
-            {u.client_id: u.delta for u in updates}, {u.client_id: u.num_samples for u in updates}
-        )
+    def step(self, ctx: ServerRound, mean: torch.Tensor) -> torch.Tensor:
+        """Move the global model along the averaged update."""
         if self.params.server_lr == 1.0:
             return ctx.global_vector + mean
         return ctx.global_vector + self.params.server_lr * mean
+
+    def aggregate(self, ctx: ServerRound) -> torch.Tensor:
+        return self.step(ctx, ctx.weighted_mean())
+
+
+class FedAvgClient(ClientMethod):
+    """Plain local training; subclasses change the objective in :meth:`local_objective`."""
+
+    params: FedAvgParams
+
+    def local_objective(self, ctx: ClientContext) -> LocalObjective:
+        return LocalObjective()
+
+    def train(self, ctx: ClientContext) -> LocalUpdate:
+        result = ctx.train(self.local_objective(ctx))
+        return LocalUpdate(delta=result.vector - ctx.global_vector, num_samples=ctx.data.num_samples,
+                           steps=result.steps, loss=result.loss)
+
+
+@register_algorithm("fedavg")
+class FedAvg(Method):
+    Params = FedAvgParams
+    Server = FedAvgServer
+    Client = FedAvgClient

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from secure_fl.algorithms.base import ClientContext, register_algorithm
-from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
+from secure_fl.algorithms.base import ClientContext, Method, register_algorithm
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from secure_fl.algorithms.local import LocalObjective
 
-__all__ = ["FedProx", "FedProxParams"]
+__all__ = ["FedProx", "FedProxClient", "FedProxParams"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,11 +25,9 @@ class FedProxParams(FedAvgParams):
             raise ValueError(f"mu must be >= 0, got {self.mu}")
 
 
-@register_algorithm("fedprox")
-class FedProx(FedAvg):
+class FedProxClient(FedAvgClient):
     """The proximal term enters as its gradient μ (w − x), added after each backward pass."""
 
-    Params = FedProxParams
     params: FedProxParams
 
     def local_objective(self, ctx: ClientContext) -> LocalObjective:
@@ -42,3 +40,10 @@ class FedProx(FedAvg):
             torch._foreach_add_(list(grads), torch._foreach_sub(list(params), anchor), alpha=mu)
 
         return LocalObjective(gradient_correction=proximal)
+
+
+@register_algorithm("fedprox")
+class FedProx(Method):
+    Params = FedProxParams
+    Server = FedAvgServer
+    Client = FedProxClient

@@ -11,16 +11,18 @@ global label counts divided by their total. Evaluation uses the unshifted logits
 runtime's evaluation never sees the objective), so the global model predicts under P(y).
 
 ``P(y)`` is computed once, before the first round, as the declared statistic
-``label_histogram`` (C integers per client, each in ``[0, count_bound]``, learned by the
-server and the clients) through the run's configured secure-sum protocol — ``plain``,
-``paillier``, ``masking``, ``secagg+`` or ``ckks``, set by ``[secure] protocol`` or
-``[secure.statistics] label_histogram = "..."``. Under a secure protocol the server reads
-only the aggregate counts and each client only learns P(y); the shift itself never leaves
-the client. A class no client holds (global count 0) gets shift 0: no one has information
-about it, and it never appears as a training label.
+``label_histogram`` (C integers per client, each in ``[0, count_bound]`` — a public cap, fixed
+before any input is seen — learned by the server and the clients) through the run's configured
+secure-sum protocol — ``plain``, ``paillier``, ``masking``, ``secagg+`` or ``ckks``, set by
+``[secure] protocol`` or ``[secure.statistics] label_histogram = "..."``. The server half
+(:class:`FedShiftServer`) opens the sum over every client and keeps the aggregate counts; each
+client half (:class:`FedShiftClient`) contributes its own counts, learns P(y) from the release
+and keeps it in its own state. Under a secure protocol the server reads only the aggregate
+counts; the shift never leaves the client. A class no client holds (global count 0) gets shift
+0: no one has information about it, and it never appears as a training label.
 
-The server side is FedAvg's (weighted mean of the updates); FedShift adds no per-round
-communication.
+The server side is otherwise FedAvg's (weighted mean of the updates); FedShift adds no
+per-round communication.
 """
 
 from __future__ import annotations
@@ -33,14 +35,23 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from secure_fl.algorithms.base import ClientContext, SetupContext, register_algorithm
-from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
+from secure_fl.algorithms.base import (
+    ClientContext,
+    ClientState,
+    Method,
+    RunInfo,
+    ServerSetup,
+    register_algorithm,
+)
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from secure_fl.algorithms.local import LocalObjective
-from secure_fl.stats import StatisticDeclaration
+from secure_fl.stats import Learned, StatisticDeclaration
 
 __all__ = [
     "PRIOR_STATISTIC",
     "FedShift",
+    "FedShiftClient",
+    "FedShiftServer",
     "FedShiftParams",
     "classifier_shift",
     "global_prior",
@@ -51,6 +62,9 @@ __all__ = [
 PRIOR_STATISTIC = "label_histogram"
 """Name of FedShift's once-per-run statistic (the global label counts)."""
 
+PRIOR_STATE = "prior"
+"""Key of the learned P(y) in a client's state."""
+
 PRIOR_ROUND = 0
 """Transcript round of the set-up request: its bytes count toward round 0's communication."""
 
@@ -59,15 +73,16 @@ PRIOR_ROUND = 0
 class FedShiftParams(FedAvgParams):
     smoothing: float = 1.0
     """Laplace pseudo-count λ added to every class of a client's counts before P_i (> 0)."""
-    count_bound: int = 0
-    """Public per-entry bound of the label histogram; 0: the largest client dataset size."""
+    count_bound: int = 65535
+    """Public per-entry bound of the label histogram: no client may hold more samples of one
+    class (a client that does refuses to contribute, with the reason)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (math.isfinite(self.smoothing) and self.smoothing > 0):
             raise ValueError(f"smoothing must be a positive number, got {self.smoothing}")
-        if isinstance(self.count_bound, bool) or not isinstance(self.count_bound, int) or self.count_bound < 0:
-            raise ValueError(f"count_bound must be a non-negative integer, got {self.count_bound!r}")
+        if isinstance(self.count_bound, bool) or not isinstance(self.count_bound, int) or self.count_bound < 1:
+            raise ValueError(f"count_bound must be a positive integer, got {self.count_bound!r}")
 
 
 def smoothed_distribution(counts: npt.ArrayLike, smoothing: float = 1.0) -> np.ndarray:
@@ -121,44 +136,66 @@ def label_histogram_declaration(num_classes: int, bound: int) -> StatisticDeclar
     )
 
 
-@register_algorithm("fedshift")
-class FedShift(FedAvg):
-    """FedAvg whose clients add ``ln(P_i(y)/P(y))`` to their logits while training (Algorithm 1)."""
+class FedShiftServer(FedAvgServer):
+    """Opens the label-histogram sum once; aggregates as FedAvg."""
 
-    Params = FedShiftParams
     params: FedShiftParams
 
-    def __init__(self, params: FedShiftParams | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: FedShiftParams, info: RunInfo) -> None:
+        super().__init__(params, info)
         self.histogram: np.ndarray | None = None
-        """The summed label counts (what the server and every client learned)."""
+        """The summed label counts (what the server learned)."""
         self.prior: np.ndarray | None = None
         """P(y) = histogram / total."""
 
-    def setup(self, ctx: SetupContext) -> None:
-        """Sum the clients' label counts through the configured protocol (again on resume)."""
-        counts = {cid: np.asarray(data.class_counts, dtype=np.int64) for cid, data in ctx.clients.items()}
-        for cid, c in counts.items():
-            if c.shape != (ctx.num_classes,):
-                raise ValueError(f"client {cid} has {c.size} class counts, the run {ctx.num_classes} classes")
-        bound = self.params.count_bound or max(1, max(int(c.sum()) for c in counts.values()))
-        declaration = label_histogram_declaration(ctx.num_classes, bound)
-        total = ctx.stats.request(declaration, counts, round=PRIOR_ROUND)
-        self.histogram = np.rint(total).astype(np.int64)
+    def setup(self, ctx: ServerSetup) -> None:
+        """Sum every client's label counts through the configured protocol (answered from the
+        checkpoint on resume: the statistic is released once)."""
+        declaration = label_histogram_declaration(ctx.info.num_classes, self.params.count_bound)
+        release = ctx.stats.request(declaration, cohort=ctx.clients, round=PRIOR_ROUND)
+        if release.value is None:
+            raise RuntimeError("the label histogram's protocol did not reveal the sum to the server")
+        self.histogram = np.rint(release.value).astype(np.int64)
         self.prior = global_prior(self.histogram)
 
-    def shift_for(self, class_counts: npt.ArrayLike) -> np.ndarray:
-        """Client-side: this client's shift from its own counts and the learned prior."""
-        if self.prior is None:
-            raise RuntimeError("FedShift.setup() was not called: the prior P(y) is unknown")
-        return classifier_shift(class_counts, self.prior, self.params.smoothing)
+    def describe(self) -> dict[str, Any]:
+        return {} if self.prior is None else {"prior": [float(p) for p in self.prior]}
+
+
+class FedShiftClient(FedAvgClient):
+    """Contributes its label counts; trains with its shift ln(P_i(y)/P(y)) from the learned prior."""
+
+    params: FedShiftParams
+
+    def __init__(self, params: FedShiftParams, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self.sources[PRIOR_STATISTIC] = lambda ctx: np.asarray(ctx.data.class_counts, dtype=np.int64)
+
+    def declarations(self) -> dict[str, StatisticDeclaration]:
+        out = super().declarations()
+        out[PRIOR_STATISTIC] = label_histogram_declaration(self.info.num_classes, self.params.count_bound)
+        return out
+
+    def learned(self, learned: Learned, ctx: ClientState) -> None:
+        if learned.name == PRIOR_STATISTIC:
+            ctx.state[PRIOR_STATE] = [float(p) for p in global_prior(np.rint(learned.value))]
+
+    def shift_for(self, class_counts: npt.ArrayLike, state: dict[str, Any]) -> np.ndarray:
+        """This client's shift from its own counts and the prior it learned."""
+        prior = state.get(PRIOR_STATE)
+        if prior is None:
+            raise RuntimeError("FedShift: this client has not learned the prior P(y) (no label_histogram release)")
+        return classifier_shift(class_counts, prior, self.params.smoothing)
 
     def local_objective(self, ctx: ClientContext) -> LocalObjective:
-        shift = self.shift_for(ctx.data.class_counts)
+        shift = self.shift_for(ctx.data.class_counts, ctx.state)
         return LocalObjective(logit_shift=torch.as_tensor(shift, dtype=torch.float32, device=ctx.data.x.device))
 
-    def describe(self) -> dict[str, Any]:
-        out = super().describe()
-        if self.prior is not None:
-            out["prior"] = [float(p) for p in self.prior]
-        return out
+
+@register_algorithm("fedshift")
+class FedShift(Method):
+    """FedAvg whose clients add ``ln(P_i(y)/P(y))`` to their logits while training (Algorithm 1)."""
+
+    Params = FedShiftParams
+    Server = FedShiftServer
+    Client = FedShiftClient

@@ -19,11 +19,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from secure_fl.algorithms.base import ClientContext, register_algorithm
-from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
+from secure_fl.algorithms.base import ClientContext, Method, register_algorithm
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from secure_fl.algorithms.local import LocalObjective
 
-__all__ = ["Reweighting", "ReweightingParams", "inverse_frequency_weights"]
+__all__ = ["Reweighting", "ReweightingClient", "ReweightingParams", "inverse_frequency_weights"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,12 +55,19 @@ def inverse_frequency_weights(class_counts: np.ndarray, power: float = 1.0) -> n
     return normalised
 
 
-@register_algorithm("reweighting")
-class Reweighting(FedAvg):
-    Params = ReweightingParams
+class ReweightingClient(FedAvgClient):
+    """Client side only: the weights come from the client's own class counts."""
+
     params: ReweightingParams
 
     def local_objective(self, ctx: ClientContext) -> LocalObjective:
         weights = inverse_frequency_weights(ctx.data.class_counts, self.params.power)
         return LocalObjective(class_weight=torch.as_tensor(weights, dtype=torch.float32, device=ctx.data.x.device),
                               weighted_mean=self.params.mean == "weights")
+
+
+@register_algorithm("reweighting")
+class Reweighting(Method):
+    Params = ReweightingParams
+    Server = FedAvgServer
+    Client = ReweightingClient

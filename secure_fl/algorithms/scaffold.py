@@ -1,12 +1,12 @@
 """SCAFFOLD (Karimireddy et al. 2020), option II control variates.
 
-Server keeps c, client i keeps c_i (zero at first, in its persistent state). Local steps use
+The server keeps c; client i keeps c_i (zero at first, in its own state). Local steps use
 g + c − c_i; after K local steps with learning rate η the client sets
-``c_i⁺ = c_i − c + (x − y_i) / (K η)`` (or η/(1−β) with ``momentum_aware``). The server moves the model by the weighted mean
-of y_i − x (as FedAvg) and sets ``c ← c + (1/N) Σ_{i∈S} (c_i⁺ − c_i)``: each client scales
-its own change by 1/N (N, the number of clients, is public) and the changes are summed as the
-statistic ``control_update`` through the update protocol. c travels to the selected clients
-with the model (``control`` broadcast, counted in the transcript).
+``c_i⁺ = c_i − c + (x − y_i) / (K η)`` (or η/(1−β) with ``momentum_aware``). The server moves the
+model by the weighted mean of y_i − x (as FedAvg) and sets ``c ← c + (1/N) Σ_{i∈S} (c_i⁺ − c_i)``:
+each client scales its own change by 1/N (N, the number of clients, is public) and the changes
+are summed as the statistic ``control_update`` through the update protocol. c travels to the
+cohort with the model (``control`` broadcast, counted in the transcript).
 """
 
 from __future__ import annotations
@@ -19,17 +19,21 @@ import torch
 
 from secure_fl.algorithms.base import (
     ClientContext,
-    ClientUpdate,
-    ServerContext,
-    SetupContext,
+    LocalUpdate,
+    Method,
+    RunInfo,
+    ServerRound,
+    ServerSetup,
     register_algorithm,
 )
-from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from secure_fl.algorithms.local import LocalObjective
+from secure_fl.stats import MODEL_UPDATE
 
-__all__ = ["Scaffold", "ScaffoldParams"]
+__all__ = ["CONTROL", "CONTROL_UPDATE", "Scaffold", "ScaffoldClient", "ScaffoldParams", "ScaffoldServer"]
 
 CONTROL = "control"
+CONTROL_UPDATE = "control_update"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,23 +45,55 @@ class ScaffoldParams(FedAvgParams):
     the demo's SCAFFOLD diverge within 4 rounds). ``false`` reproduces the plain formula."""
 
 
-@register_algorithm("scaffold")
-class Scaffold(FedAvg):
-    Params = ScaffoldParams
+class ScaffoldServer(FedAvgServer):
     params: ScaffoldParams
 
-    def __init__(self, params: ScaffoldParams | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: ScaffoldParams, info: RunInfo) -> None:
+        super().__init__(params, info)
         self.control: torch.Tensor | None = None
 
-    def setup(self, ctx: SetupContext) -> None:
-        self.control = torch.zeros(ctx.dimension, dtype=torch.float32, device=ctx.device)
+    def setup(self, ctx: ServerSetup) -> None:
+        self.control = torch.zeros(ctx.info.dimension, dtype=torch.float32, device=ctx.device)
 
-    def broadcast(self, ctx: ServerContext) -> dict[str, torch.Tensor]:
+    def broadcast(self, ctx: ServerRound) -> dict[str, torch.Tensor]:
         assert self.control is not None, "setup() was not called"
         return {CONTROL: self.control}
 
-    def client_update(self, ctx: ClientContext) -> ClientUpdate:
+    def aggregate(self, ctx: ServerRound) -> torch.Tensor:
+        assert self.control is not None, "setup() was not called"
+        new_global = super().aggregate(ctx)
+        self.control = self.control + ctx.update_sum(CONTROL_UPDATE)
+        return new_global
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.control is not None, "setup() was not called"
+        return {CONTROL: self.control.detach().cpu().clone()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if set(state) != {CONTROL}:
+            raise ValueError(f"SCAFFOLD state needs exactly {{'{CONTROL}'}}, got {sorted(state)}")
+        device = self.control.device if self.control is not None else torch.device("cpu")
+        self.control = state[CONTROL].to(device=device, dtype=torch.float32).clone()
+
+
+class ScaffoldClient(FedAvgClient):
+    params: ScaffoldParams
+    update_statistics = (MODEL_UPDATE, CONTROL_UPDATE)
+
+    def __init__(self, params: ScaffoldParams, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self.sources[CONTROL_UPDATE] = self._control_update
+
+    @staticmethod
+    def _control_update(ctx: Any) -> torch.Tensor:
+        if ctx.update is None:
+            from protocols import PolicyError
+
+            raise PolicyError("asked for a control-variate change before this client trained in this round")
+        change: torch.Tensor = ctx.update.extras["control_delta"]
+        return change
+
+    def train(self, ctx: ClientContext) -> LocalUpdate:
         control = ctx.broadcast[CONTROL]
         own = ctx.state.get(CONTROL)
         if own is None:
@@ -74,25 +110,12 @@ class Scaffold(FedAvg):
             step /= 1.0 - ctx.trainer.training.momentum
         updated = own - control - delta / (result.steps * step)
         ctx.state[CONTROL] = updated
-        return ClientUpdate(
-            client_id=ctx.client_id, delta=delta, num_samples=ctx.data.num_samples, steps=result.steps,
-            loss=result.loss, extras={"control_delta": (updated - own) / ctx.num_clients},
-        )
+        return LocalUpdate(delta=delta, num_samples=ctx.data.num_samples, steps=result.steps, loss=result.loss,
+                           extras={"control_delta": (updated - own) / ctx.num_clients})
 
-    def aggregate(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> torch.Tensor:
-        assert self.control is not None, "setup() was not called"
-        new_global = super().aggregate(updates, ctx)
-        change = ctx.updates.sum({u.client_id: u.extras["control_delta"] for u in updates},
-                                 statistic="control_update", round=ctx.round)
-        self.control = self.control + change
-        return new_global
 
-    def state_dict(self) -> dict[str, Any]:
-        assert self.control is not None, "setup() was not called"
-        return {CONTROL: self.control.detach().cpu().clone()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if set(state) != {CONTROL}:
-            raise ValueError(f"SCAFFOLD state needs exactly {{'{CONTROL}'}}, got {sorted(state)}")
-        device = self.control.device if self.control is not None else torch.device("cpu")
-        self.control = state[CONTROL].to(device=device, dtype=torch.float32).clone()
+@register_algorithm("scaffold")
+class Scaffold(Method):
+    Params = ScaffoldParams
+    Server = ScaffoldServer
+    Client = ScaffoldClient

@@ -17,9 +17,11 @@ privacy level and a budget it derives, before any input is seen:
 
 Clients call :meth:`NoisySum.perturb` (clip the input to the declared box, add noise in the
 integer domain — counts as they are, fixed-point values after scaling by 2**frac_bits),
-then the ordinary secure sum runs on the widened spec; :meth:`sum` (a protocol session) and
-:meth:`request` (the run's :class:`~secure_fl.stats.GlobalStatistics` service) do both and
-record the release — with the *actual* number of contributors — in the run's ledger.
+then the ordinary secure sum runs on the widened spec. In a run, each client's
+:class:`~secure_fl.stats.StatsParticipant` perturbs its own vector and the server's
+:class:`~secure_fl.stats.StatsCoordinator` records the release — with the *actual* number of
+contributors — in the run's ledger; :meth:`sum` does both on an embedded protocol session
+(``secure-fl dp-check``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +42,7 @@ from .ledger import Guarantee, PrivacyLedger, Release
 from .sources import RandomSource, random_source
 
 if TYPE_CHECKING:
-    from secure_fl.stats import StatisticDeclaration, StatisticRecord
+    from secure_fl.stats import StatisticDeclaration
 
 __all__ = ["AUTO", "DistributedDP", "Level", "NoisyRelease", "NoisySum", "PrivacyBudgetError"]
 
@@ -50,17 +52,6 @@ AUTO = "auto"
 
 class PrivacyBudgetError(RuntimeError):
     """A release would go beyond the releases the noise was calibrated for."""
-
-
-class StatisticsService(Protocol):
-    """What :meth:`NoisySum.request` needs of the run's statistics service: a
-    :class:`~secure_fl.stats.GlobalStatistics`, or the service's own plain-sum view of itself."""
-
-    @property
-    def records(self) -> Sequence[StatisticRecord]: ...
-
-    def request(self, declaration: StatisticDeclaration, inputs: Mapping[int, npt.ArrayLike], *, round: int,
-                protocol: str | None = None) -> npt.NDArray[np.float64]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,18 +308,6 @@ class NoisySum:
         release = self._record(round=round, contributors=len(outcome.contributors))
         return NoisyRelease(np.asarray(outcome.total, dtype=np.float64), outcome, release,
                             clipped_inputs, clipped_noise)
-
-    def request(self, service: StatisticsService, inputs: Mapping[int, npt.ArrayLike], *, round: int,
-                protocol: str | None = None) -> NoisyRelease:
-        """The same through the run's statistics service (which records transcript and bytes)."""
-        self._check_budget()
-        if len(inputs) > self.clients:
-            raise ValueError(f"{len(inputs)} inputs but the noise was planned for {self.clients} clients")
-        noisy, clipped_inputs, clipped_noise = self.perturb_all(inputs)
-        total = service.request(self.noisy_declaration, noisy, round=round, protocol=protocol)
-        contributors = len(service.records[-1].contributors) if service.records else len(noisy)
-        release = self._record(round=round, contributors=contributors)
-        return NoisyRelease(np.asarray(total, dtype=np.float64), None, release, clipped_inputs, clipped_noise)
 
     def guarantee(self, delta: float | None = None) -> Guarantee:
         """Formal (ε, δ) of this statistic's releases so far."""

@@ -27,9 +27,10 @@ from secure_fl.data import PARTITIONERS, Dataset, keep_minority, load_dataset
 from secure_fl.losses import make_loss
 from secure_fl.models import build_model
 from secure_fl.runtime.rng import Seeds
+from secure_fl.runtime.messages import run_digest
 from secure_fl.runtime.selection import make_selection
 from secure_fl.runtime.simulation import Simulation
-from secure_fl.stats import GlobalStatistics, StatisticsPrivacy, UpdateSum
+from secure_fl.stats import StatisticsPlan, StatisticsPrivacy, UpdateSettings
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGDConfig
@@ -175,11 +176,6 @@ def build_simulation(
     privacy = config.privacy
     noised = StatisticsPrivacy(statistics=privacy.statistics, rounds=config.train.rounds, seed=config.seed) \
         if privacy.statistics else None
-    stats = GlobalStatistics(
-        clients=range(config.data.num_clients), protocol=config.secure.protocol,
-        overrides=config.secure.statistics, protocol_options=config.secure.protocol_options(),
-        privacy=noised,
-    )
     dp_sgd = dp_sgd_config(config, clients)
     if dp_sgd is not None:
         from secure_fl.privacy.dpsgd import DPSGD
@@ -188,23 +184,31 @@ def build_simulation(
             DPSGD.validate(model)
         except ValueError as error:
             raise ConfigError(f"privacy.dp_sgd: model {config.model.name!r}: {error}") from None
-    updates = UpdateSum(stats, dimension=FlatLayout(model).dimension, protocol=config.secure.update_protocol,
-                        clip=config.secure.update_clip, frac_bits=config.secure.update_frac_bits)
+    selection = make_selection(config.selection.name, config.selection.params)
+    secure = config.secure
+    updates = UpdateSettings(dimension=FlatLayout(model).dimension, protocol=secure.update_protocol,
+                             clip=secure.update_clip, frac_bits=secure.update_frac_bits)
+    plan = StatisticsPlan(
+        clients=tuple(range(config.data.num_clients)), protocol=secure.protocol,
+        overrides={**selection.protocols, **secure.statistics}, options=secure.protocol_options(),
+        privacy=noised, updates=updates,
+    )
     return Simulation(
         clients=clients,
         x_test=torch.from_numpy(dataset.x_test).to(device),
         y_test=torch.from_numpy(dataset.y_test).to(device),
         num_classes=dataset.num_classes,
         model=model,
-        algorithm=make_algorithm(config.method.name, config.method.params),
+        method=make_algorithm(config.method.name, config.method.params),
         loss=make_loss(config.loss.name, config.loss.params),
-        selection=make_selection(config.selection.name, config.selection.params),
+        selection=selection,
         training=local_training(config),
         clients_per_round=config.train.clients_per_round,
-        stats=stats,
-        updates=updates,
+        plan=plan,
         seeds=seeds,
         device=device,
+        rounds=config.train.rounds,
+        digest=run_digest(config.to_dict()),
         minority_classes=config.data.minority_classes,
         eval_batch_size=config.train.eval_batch_size,
         dp_sgd=dp_sgd,

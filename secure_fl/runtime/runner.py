@@ -242,7 +242,10 @@ def _warn_unused_privacy(config: RunConfig, sim: Any) -> None:
     """A ``[privacy.statistics]`` name no statistic has (yet) — most likely a typo."""
     from secure_fl.stats import DEFAULT_STATISTIC
 
-    unnoised = sorted(set(config.privacy.statistics) & sim.stats.unnoised)
+    updates = sim.plan.updates
+    unnoised = sorted(name for name in config.privacy.statistics
+                      if updates is not None and name in sim.stats.declarations
+                      and sim.stats.declarations[name] == updates.declaration(name))
     if unnoised:
         warnings.warn(
             f"[privacy.statistics] names {', '.join(unnoised)}: model-sized update sums get no distributed-DP "

@@ -1,10 +1,14 @@
 """Client selection strategies by name: ``random`` and ``fixed`` here; greedy and Dubhe register later.
 
-A strategy picks the round's clients from the ids ``0 .. num_clients-1``. It gets the run's
-statistics service in :meth:`SelectionStrategy.setup` (Dubhe sums encrypted registries there)
-and, each round, a :class:`SelectionContext` whose ``rng`` is derived from the run seed and
-the round only, so a resumed run selects exactly the same clients. State that must survive
-a resume goes through ``state_dict`` / ``load_state_dict``.
+Selection lives on the server, in one place: a :class:`SelectionStrategy` picks the round's
+clients from the ids ``0 .. num_clients-1``. It gets the run's statistics coordinator in
+:meth:`SelectionStrategy.setup` (a strategy that needs the clients' knowledge asks for it as
+declared statistics: greedy's label counts, Dubhe's encrypted registries) and, each round, a
+:class:`SelectionContext` whose ``rng`` is derived from the run seed and the round only, so a
+resumed run selects exactly the same clients. State that must survive a resume goes through
+``state_dict`` / ``load_state_dict``. A strategy whose statistics clients compute names its
+client half in :attr:`SelectionStrategy.Client` (a :class:`SelectionClient`, in each node), and
+the protocols those statistics must go through in :attr:`SelectionStrategy.protocols`.
 
 New strategies register with :func:`register_selection`; :func:`selection_class` also
 imports :mod:`secure_fl.selection` (if installed) the first time a name is unknown, so
@@ -21,12 +25,12 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from secure_fl.algorithms.local import ClientData
-from secure_fl.stats import GlobalStatistics
+from secure_fl.stats import Learned, StatisticDeclaration, StatsCoordinator
 
 __all__ = [
     "SELECTION_STRATEGIES",
     "FixedSelection",
+    "SelectionClient",
     "RandomSelection",
     "SelectionContext",
     "SelectionStrategy",
@@ -44,16 +48,63 @@ class SelectionContext:
     num_clients: int
     clients_per_round: int
     rng: np.random.Generator
-    stats: GlobalStatistics
+    stats: StatsCoordinator
+
+
+class SelectionClient:
+    """A selection strategy's client half: the statistics it computes from the client's own data.
+
+    ``sources`` maps a statistic name to a function of the node's
+    :class:`~secure_fl.algorithms.ContributionContext`; :meth:`learned` hears what the client
+    learned (Dubhe's registry sum); :meth:`state_dict` is part of the node's snapshot.
+    """
+
+    def __init__(self, strategy: SelectionStrategy, *, num_classes: int) -> None:
+        self.strategy = strategy
+        self.num_classes = num_classes
+        self.sources: dict[str, Callable[[Any], Any]] = {}
+
+    def declarations(self) -> dict[str, StatisticDeclaration]:
+        return {}
+
+    def contribution(self, name: str, ctx: Any) -> Any:
+        from protocols import PolicyError
+
+        source = self.sources.get(name)
+        if source is None:
+            raise PolicyError(f"selection {self.strategy.name!r} asks clients for no statistic {name!r}")
+        return source(ctx)
+
+    def learned(self, learned: Learned, ctx: Any) -> None:
+        """A statistic this client learned."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state:
+            raise ValueError(f"selection {self.strategy.name!r} keeps no client state, got keys {sorted(state)}")
 
 
 class SelectionStrategy(ABC):
     """Picks ``clients_per_round`` distinct client ids per round. Subclasses are frozen dataclasses."""
 
     name: ClassVar[str]
+    Client: ClassVar[type[SelectionClient] | None] = None
+    """The client half, when the strategy asks clients for statistics."""
+    protocols: ClassVar[Mapping[str, str]] = {}
+    """Statistics the strategy needs through a fixed protocol (greedy reads counts in the clear)."""
 
-    def setup(self, *, num_clients: int, stats: GlobalStatistics, clients: Mapping[int, ClientData]) -> None:
-        """Once per run (and on resume), before the first selection; ``clients`` is client-side data."""
+    def setup(self, *, num_clients: int, num_classes: int, stats: StatsCoordinator) -> None:
+        """Once per run (and on resume), before the first selection, on the server."""
+
+    def client(self, *, num_classes: int) -> SelectionClient | None:
+        """A node's client half of this strategy (``None`` when the strategy needs none)."""
+        return None if self.Client is None else self.Client(self, num_classes=num_classes)
+
+    def sessions(self) -> dict[tuple[str, str], Any]:
+        """Protocol sessions of its own the strategy uses besides the run's: (protocol, tag) → options."""
+        return {}
 
     @abstractmethod
     def select(self, ctx: SelectionContext) -> tuple[int, ...]:

@@ -1,28 +1,35 @@
-"""Global statistics: the sums over clients a method declares and asks for.
+"""Global statistics: the sums over clients a method declares, asked for by the server, computed by clients.
 
-A method declares a statistic (:class:`StatisticDeclaration`: name, length, bound, kind,
-who learns it) and asks the run's :class:`GlobalStatistics` service for it with the
-clients' inputs; the service runs the configured secure-sum protocol, returns the decoded
-sum, and keeps the declaration and a :class:`StatisticRecord` of the request for the audit.
-With a :class:`StatisticsPrivacy` (a run's ``[privacy.statistics]``) the statistics it names
-are released with distributed DP (:mod:`.noise`), their releases kept in the service's
-``privacy_ledger``.
+A method declares a statistic (:class:`StatisticDeclaration`: name, length, bound, kind, who
+learns it, whether clients clip). The server's :class:`StatsCoordinator` requests it from a
+cohort and gets a :class:`Release` (value when the server learns it, contributors, dropouts,
+clipped count, bytes, protocol, ε); each client's :class:`StatsParticipant` checks the request,
+computes its own contribution, clips, noises and encodes it, and hears what it learned
+(:class:`Learned`). Both sides follow the run's public :class:`StatisticsPlan`.
 """
 
+from .coordinator import StatsCoordinator
 from .declaration import LEARNERS, TOTAL_SAMPLES, StatisticDeclaration
 from .noise import DEFAULT_STATISTIC, StatisticPrivacy, StatisticsPrivacy
-from .service import CLEAR, GlobalStatistics, StatisticRecord
+from .participant import StatsParticipant
+from .plan import MODEL_UPDATE, Layout, StatisticsPlan, UpdateSettings
+from .release import Learned, Release
 from .updates import UpdateSum
 
 __all__ = [
-    "CLEAR",
     "DEFAULT_STATISTIC",
     "LEARNERS",
+    "MODEL_UPDATE",
     "TOTAL_SAMPLES",
-    "GlobalStatistics",
+    "Layout",
+    "Learned",
+    "Release",
     "StatisticDeclaration",
     "StatisticPrivacy",
-    "StatisticRecord",
+    "StatisticsPlan",
     "StatisticsPrivacy",
+    "StatsCoordinator",
+    "StatsParticipant",
+    "UpdateSettings",
     "UpdateSum",
 ]

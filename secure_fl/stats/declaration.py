@@ -53,6 +53,10 @@ class StatisticDeclaration:
     description: str = ""
     record_sensitivity: float | tuple[float, float, float] | None = None
     contribution_bound: float | None = None
+    clip: bool = False
+    """Whether a client clips entries beyond the bound (and the release counts them) instead of
+    refusing to contribute. Public, like the bound: a client never clips what the declaration
+    says it must refuse."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -85,6 +89,8 @@ class StatisticDeclaration:
                                  f"got {self.record_sensitivity!r}")
             if isinstance(self.record_sensitivity, list):
                 object.__setattr__(self, "record_sensitivity", norms)
+        if not isinstance(self.clip, bool):
+            raise ValueError(f"statistic {self.name}: clip must be true or false, got {self.clip!r}")
         if self.contribution_bound is not None and (
             isinstance(self.contribution_bound, bool) or not isinstance(self.contribution_bound, (int, float))
             or not math.isfinite(self.contribution_bound) or self.contribution_bound <= 0
@@ -134,6 +140,8 @@ class StatisticDeclaration:
             out["record_sensitivity"] = list(norms) if isinstance(norms, tuple) else norms
         if self.contribution_bound is not None:
             out["contribution_bound"] = self.contribution_bound
+        if self.clip:
+            out["clip"] = True
         return out
 
 

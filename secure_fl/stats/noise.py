@@ -138,6 +138,12 @@ class StatisticsPrivacy:
         return NoisySum(declaration, config, clients=clients, expected_survivors=survivors, record=record,
                         contribution=contribution, ledger=ledger, rng=rng)
 
+    def client_noise_seed(self, name: str, round: int, client: int) -> np.random.SeedSequence:
+        """The seed of one client's noise in one release (``secure_mode = false`` only): keyed by
+        statistic, round and client, so a resumed run draws what the uninterrupted one draws."""
+        key = int.from_bytes(hashlib.sha256(f"dp_noise:{name}".encode()).digest()[:4], "big")
+        return np.random.SeedSequence(self.seed, spawn_key=(key, int(round) + 1, int(client)))
+
     def noise_seed(self, name: str, release: int) -> np.random.SeedSequence:
         key = int.from_bytes(hashlib.sha256(f"dp_noise:{name}".encode()).digest()[:4], "big")
         return np.random.SeedSequence(self.seed, spawn_key=(key, int(release)))

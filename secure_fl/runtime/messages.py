@@ -1,0 +1,131 @@
+"""The runtime's own messages between the server loop and client nodes, as bytes.
+
+Protocol runs carry their own envelopes (:mod:`protocols.wire`, magic ``SFL``); everything else
+the server tells a node goes in a runtime message (magic ``SFR``)::
+
+    magic "SFR" | version u8 | kind u8 | round i64 | run digest 16B | payload
+
+``broadcast``
+    one named vector for the round's training (SCAFFOLD's control variate, Ratio Loss's ℝ);
+``train``
+    the global model (float32): the node trains on it with this round's broadcasts;
+``abort``
+    the round is abandoned: the node drops what it holds for it;
+``refuse`` (node → server)
+    a node declines a message, with the reason.
+
+The run digest names the run (a hash of its public config): a node refuses messages of another
+run, and a ``train`` for a round it already trained (a replay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from protocols import Exposure, Label, Message, WireError
+from protocols.wire import Reader, Writer
+
+__all__ = [
+    "DIGEST_BYTES", "MAGIC", "RUNTIME", "Kind", "RuntimeMessage", "is_runtime", "run_digest",
+]
+
+MAGIC: Final = b"SFR"
+VERSION: Final = 1
+DIGEST_BYTES: Final = 16
+RUNTIME: Final = "runtime"
+"""The transcript's protocol name for runtime messages."""
+MAX_NAME: Final = 64
+_HEADER = struct.Struct(">3sBBq16s")
+
+
+class Kind(IntEnum):
+    BROADCAST = 1
+    TRAIN = 2
+    ABORT = 3
+    REFUSE = 255
+
+
+def run_digest(public_config: Mapping[str, Any]) -> bytes:
+    """16 bytes naming a run: SHA-256 of its public config, canonical JSON."""
+    text = json.dumps(public_config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(b"secure-fl/run\x00" + text.encode()).digest()[:DIGEST_BYTES]
+
+
+def is_runtime(data: bytes) -> bool:
+    return data[:3] == MAGIC
+
+
+@dataclass(frozen=True, eq=False)
+class RuntimeMessage:
+    """One runtime message; ``name`` and ``vector`` as the kind needs them."""
+
+    kind: Kind
+    round: int
+    digest: bytes
+    name: str = ""
+    vector: npt.NDArray[np.float32] | None = None
+    reason: str = ""
+
+    def to_bytes(self) -> bytes:
+        if len(self.digest) != DIGEST_BYTES:
+            raise WireError("a run digest is 16 bytes")
+        writer = Writer().raw(_HEADER.pack(MAGIC, VERSION, int(self.kind), self.round, self.digest))
+        if self.kind == Kind.BROADCAST:
+            writer.blob(self.name.encode())
+        if self.kind in (Kind.BROADCAST, Kind.TRAIN):
+            assert self.vector is not None
+            values = np.ascontiguousarray(self.vector, dtype="<f4")
+            writer.u32(int(values.shape[0])).raw(values.tobytes())
+        if self.kind == Kind.REFUSE:
+            writer.blob(self.reason.encode("utf-8", "replace")[:512])
+        return writer.finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, dimension: int | None = None) -> RuntimeMessage:
+        """Strict parse; ``dimension`` checks a model vector's length."""
+        if len(data) < _HEADER.size:
+            raise WireError("runtime message truncated")
+        magic, version, code, round_, digest = _HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise WireError("not a runtime message (bad magic)")
+        if version != VERSION:
+            raise WireError(f"unsupported runtime message version {version}")
+        try:
+            kind = Kind(code)
+        except ValueError:
+            raise WireError(f"unknown runtime message kind {code}") from None
+        reader = Reader(data[_HEADER.size:])
+        name, vector, reason = "", None, ""
+        if kind == Kind.BROADCAST:
+            try:
+                name = reader.blob(max_len=MAX_NAME).decode("ascii")
+            except UnicodeDecodeError:
+                raise WireError("broadcast name is not ASCII") from None
+        if kind in (Kind.BROADCAST, Kind.TRAIN):
+            count = reader.u32()
+            if kind == Kind.TRAIN and dimension is not None and count != dimension:
+                raise WireError(f"the model has {dimension} entries, the message {count}")
+            vector = np.frombuffer(reader.raw(4 * count), dtype="<f4").astype(np.float32)
+            if not np.all(np.isfinite(vector)):
+                raise WireError("non-finite value in a broadcast vector")
+        if kind == Kind.REFUSE:
+            reason = reader.blob(max_len=512).decode("utf-8", "replace")
+        reader.end()
+        return cls(kind=kind, round=round_, digest=bytes(digest), name=name, vector=vector, reason=reason)
+
+    def message(self, *, statistic: str) -> Message:
+        """This message with its transcript label (public: the model and broadcasts are public)."""
+        dimension = 0 if self.vector is None else int(self.vector.shape[0])
+        stage = self.kind.name.lower()
+        label = Label(protocol=RUNTIME, run_id="", stage=stage, stage_index=int(self.kind), statistic=statistic,
+                      round=self.round, exposure=Exposure(Exposure.public().visibility, 0, dimension))
+        return Message(self.to_bytes(), label)

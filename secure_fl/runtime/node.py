@@ -1,0 +1,281 @@
+"""A client node: one client's data, model work, state and secrets, answering messages as bytes.
+
+The node is the client's whole side of a run. Its inbox holds runtime messages (the round's
+broadcasts and the global model to train on, :mod:`.messages`) and protocol envelopes (the
+statistics and update sums, handled by its :class:`~secure_fl.stats.StatsParticipant`). It
+trains with its method's client half, contributes to the sums the server opens — checking each
+request against its own declarations — and keeps what it learns. Nothing it holds is reachable
+from the server except through its replies.
+
+:meth:`ClientNode.snapshot` serialises everything the client keeps between messages — the
+method's state, its protocol keys, what it learned, the last round it trained — so a node can
+be restarted from its snapshot (a fresh process per message, a killed node that resumes).
+
+Training runs on a :class:`~secure_fl.algorithms.LocalTrainer` the engine may share between the
+nodes of one process as scratch compute: the node loads its own weights into it before every
+use and keeps nothing in it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from protocols import Message, PolicyError, ProtocolError, StageError, SumRequest, WireError
+from secure_fl.algorithms import (
+    ClientContext,
+    ClientData,
+    ClientMethod,
+    ClientState,
+    ContributionContext,
+    LocalTrainer,
+    LocalUpdate,
+    RunInfo,
+)
+from secure_fl.algorithms.base import DP_SGD_STATE
+from secure_fl.runtime.messages import Kind, RuntimeMessage, is_runtime
+from secure_fl.runtime.rng import Seeds
+from secure_fl.stats import Learned, StatisticDeclaration, StatisticsPlan, StatsParticipant
+
+if TYPE_CHECKING:
+    from secure_fl.privacy.dpsgd import DPSGD, DPSGDConfig
+    from secure_fl.runtime.selection import SelectionClient
+
+__all__ = ["ClientNode", "NodeTelemetry", "dump_state", "load_state"]
+
+
+def dump_state(obj: Any) -> bytes:
+    """Serialise tensors, numbers, strings, bytes and containers of them (moved to the CPU)."""
+    buffer = io.BytesIO()
+    torch.save(_to_cpu(obj), buffer)
+    return buffer.getvalue()
+
+
+def load_state(data: bytes, *, device: torch.device | str = "cpu") -> Any:
+    """Inverse of :func:`dump_state`; refuses anything but plain data (``weights_only``)."""
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+@dataclass
+class NodeTelemetry:
+    """What the node measured of itself in its last round: local knowledge, never sent."""
+
+    round: int = -1
+    loss: float = 0.0
+    num_samples: int = 0
+    dp_epsilon: float | None = None
+
+
+class ClientNode:
+    """One client of a run (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        data: ClientData,
+        method: ClientMethod,
+        plan: StatisticsPlan,
+        info: RunInfo,
+        trainer: LocalTrainer,
+        seeds: Seeds,
+        digest: bytes,
+        selection: SelectionClient | None = None,
+        dp_sgd: DPSGDConfig | None = None,
+        extra_sessions: Mapping[tuple[str, str], Any] | None = None,
+        noise_seed: Callable[[str, int, int], np.random.SeedSequence] | None = None,
+    ) -> None:
+        self.client_id = data.client_id
+        self.data = data
+        self.method = method
+        self.selection = selection
+        self.info = info
+        self.trainer = trainer
+        self.seeds = seeds
+        self.digest = digest
+        self.dp_sgd_config = dp_sgd
+        self._dp_sgd: DPSGD | None = None
+        self.state: dict[str, Any] = {}
+        """The method's persistent client state (SCAFFOLD's c_i, CLIMB's λ_i, FedShift's prior...)."""
+        self.learned: dict[int, dict[str, Learned]] = {}
+        """What this client learned, by round and statistic (the current and setup rounds)."""
+        self.trained_round = -1
+        self.update: LocalUpdate | None = None
+        self._broadcast: dict[str, torch.Tensor] = {}
+        self._broadcast_round = -1
+        self.telemetry = NodeTelemetry()
+        self.refusals: list[str] = []
+        self.dirty = False
+        """Whether the state changed since the last snapshot."""
+        self._declarations: dict[str, StatisticDeclaration] = dict(method.declarations())
+        if selection is not None:
+            self._declarations.update(selection.declarations())
+        self.participant = StatsParticipant(
+            self.client_id, plan=plan, declarations=self._declarations.get, source=self._source,
+            on_learned=self._learned, extra_sessions=extra_sessions,
+            noise_seed=None if noise_seed is None else (lambda name, r: noise_seed(name, r, self.client_id)),
+        )
+
+    # --- the network side ----------------------------------------------------------------------
+
+    def handle(self, inbox: Sequence[bytes]) -> list[Message]:
+        """Answer the messages of one exchange, in order."""
+        out: list[Message] = []
+        for data in inbox:
+            if is_runtime(data):
+                out.extend(self._runtime(data))
+            else:
+                out.extend(self.participant.handle(data))
+                self.dirty = True
+        return out
+
+    def _runtime(self, data: bytes) -> list[Message]:
+        round_ = self.trained_round
+        try:
+            message = RuntimeMessage.from_bytes(data, dimension=self.info.dimension)
+            round_ = message.round
+            if message.digest != self.digest:
+                raise StageError("a message of another run")
+            if message.kind == Kind.BROADCAST:
+                self._receive_broadcast(message)
+            elif message.kind == Kind.TRAIN:
+                self._train(message)
+            elif message.kind == Kind.ABORT:
+                self.update, self._broadcast = None, {}
+            else:
+                raise StageError(f"a node does not accept {message.kind.name.lower()} messages")
+            return []
+        except ProtocolError as error:
+            reason = f"{type(error).__name__}: {error}"
+            self.refusals.append(reason)
+            reply = RuntimeMessage(kind=Kind.REFUSE, round=round_, digest=self.digest, reason=reason)
+            return [reply.message(statistic="refusal")]
+
+    def _receive_broadcast(self, message: RuntimeMessage) -> None:
+        if message.round <= self.trained_round:
+            raise StageError(f"a broadcast for round {message.round}, already trained")
+        if message.round != self._broadcast_round:
+            self._broadcast, self._broadcast_round = {}, message.round
+        if message.name in self._broadcast:
+            raise StageError(f"broadcast {message.name!r} of round {message.round} arrived twice")
+        assert message.vector is not None
+        self._broadcast[message.name] = torch.from_numpy(message.vector.copy()).to(self.data.x.device)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def _dp_for(self, round: int) -> DPSGD | None:
+        """This client's DP-SGD; in insecure mode keyed by (round, client), so resumes repeat it."""
+        if self.dp_sgd_config is None:
+            return None
+        from secure_fl.privacy.dpsgd import DPSGD
+
+        if self.dp_sgd_config.secure_mode:
+            if self._dp_sgd is None:
+                self._dp_sgd = DPSGD(self.dp_sgd_config)
+            return self._dp_sgd
+        from secure_fl.privacy import SeededRandom
+
+        return DPSGD(self.dp_sgd_config, rng=SeededRandom(self.seeds.sequence("dp_sgd", round, self.client_id)))
+
+    def _train(self, message: RuntimeMessage) -> None:
+        r = message.round
+        if r <= self.trained_round:
+            raise StageError(f"round {r} was trained already (a replay)")
+        assert message.vector is not None
+        device = self.data.x.device
+        global_vector = torch.from_numpy(message.vector.copy()).to(device)
+        broadcast = self._broadcast if self._broadcast_round == r else {}
+        ctx = ClientContext(
+            round=r, data=self.data, state=self.state, global_vector=global_vector, broadcast=broadcast,
+            lr=self.info.training.lr_at(r), info=self.info, trainer=self.trainer,
+            shuffle=self.seeds.torch("shuffle", r, self.client_id), dp_sgd=self._dp_for(r),
+        )
+        with self.seeds.torch_global("client", r, self.client_id, device=device):
+            update = self.method.train(ctx)
+        if self.dp_sgd_config is not None and ctx.trainings == 0 and self.data.num_samples > 0 \
+                and bool(torch.any(update.delta != 0)):
+            raise RuntimeError(
+                f"method {type(self.method).__name__} changed client {self.client_id}'s model without "
+                "ClientContext.train, so DP-SGD cannot protect it; train through ctx.train(objective)")
+        self.trained_round, self.update = r, update
+        self.learned = {k: v for k, v in self.learned.items() if not k > 0 or k >= r}
+        self.telemetry = NodeTelemetry(round=r, loss=update.loss, num_samples=update.num_samples,
+                                       dp_epsilon=ctx.dp_epsilon)
+        self.dirty = True
+
+    # --- statistics ----------------------------------------------------------------------------
+
+    def _source(self, declaration: StatisticDeclaration, request: SumRequest) -> Any:
+        ctx = ContributionContext(
+            client_id=self.client_id, round=request.round, data=self.data, state=self.state,
+            learned=self.learned.get(request.round, {}),
+            update=self.update if self.trained_round == request.round else None,
+            cohort_size=len(request.participants),
+        )
+        if declaration.name in self.method.declarations():
+            vector = self.method.contribution(declaration.name, ctx)
+        elif self.selection is not None and declaration.name in self.selection.declarations():
+            vector = self.selection.contribution(declaration.name, ctx)
+        else:
+            raise PolicyError(f"no part of this client contributes {declaration.name!r}")
+        if isinstance(vector, torch.Tensor):
+            return vector.detach().to("cpu", torch.float64).numpy()
+        return vector
+
+    def _learned(self, learned: Learned) -> None:
+        self.learned.setdefault(learned.round, {})[learned.name] = learned
+        ctx = ClientState(client_id=self.client_id, round=learned.round, data=self.data, state=self.state,
+                          learned=self.learned[learned.round])
+        self.method.learned(learned, ctx)
+        if self.selection is not None:
+            self.selection.learned(learned, ctx)
+        self.dirty = True
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Everything this client keeps between messages, as bytes (its own secrets included)."""
+        self.dirty = False
+        return dump_state({
+            "state": self.state,
+            "participant": self.participant.state(),
+            "trained_round": self.trained_round,
+            "selection": {} if self.selection is None else self.selection.state_dict(),
+        })
+
+    def restore(self, data: bytes) -> None:
+        """Continue from :meth:`snapshot`; a live round is forgotten (its messages are refused)."""
+        try:
+            saved = load_state(data, device=self.data.x.device)
+        except Exception as error:  # noqa: BLE001 -- any unreadable snapshot is one typed error
+            raise WireError(f"client {self.client_id}: unreadable snapshot ({type(error).__name__})") from None
+        if not isinstance(saved, dict) or set(saved) != {"state", "participant", "trained_round", "selection"}:
+            raise WireError(f"client {self.client_id}: not a node snapshot")
+        self.state = dict(saved["state"])
+        self.participant.load_state(saved["participant"])
+        self.trained_round = int(saved["trained_round"])
+        if self.selection is not None:
+            self.selection.load_state_dict(saved["selection"])
+        self.update, self._broadcast, self._broadcast_round = None, {}, -1
+        self.learned = {}
+        self.dirty = False
+
+    def dp_state(self) -> Any:
+        """This client's DP-SGD accountant (local knowledge)."""
+        from secure_fl.privacy.dpsgd import DPSGDState
+
+        return DPSGDState.from_dict(self.state.get(DP_SGD_STATE))

@@ -1,0 +1,236 @@
+"""The server's side of a run's statistics: open a declared sum over a cohort, get a :class:`Release`.
+
+One :class:`StatsCoordinator` lives for one run on the server. It keeps the server session of
+each protocol the run uses (so keys are set up once per run, by messages between the parties),
+the declarations methods made, a :class:`~secure_fl.stats.release.Release` per request, and
+the run's privacy ledger. It never sees a client's input: it sends each cohort member an
+``open`` (:class:`protocols.SumRequest`) through the run's network, drives the protocol and
+reads what the protocol lets the server read.
+
+Once-per-run statistics (``per_round = False``) are released once: asked again for the same
+round — a resumed run's set-up — the coordinator answers from its checkpointed release, and
+the clients answer from theirs, so nothing is summed (or noised, or charged) twice.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from protocols import Network, RunContext, ServerSession, SumRequest, Transcript, descriptor, drive
+
+from .declaration import StatisticDeclaration
+from .plan import Layouts, StatisticsPlan, ascending
+from .release import Release
+from .tally import read_tally
+
+if TYPE_CHECKING:
+    from secure_fl.privacy import NoisySum, PrivacyLedger
+
+__all__ = ["StatsCoordinator"]
+
+
+class StatsCoordinator:
+    """Requests declared statistics from cohorts over the run's network (see the module docstring)."""
+
+    def __init__(self, plan: StatisticsPlan, network: Network) -> None:
+        self.plan = plan
+        self.network = network
+        self.layouts = Layouts(plan)
+        self.declarations: dict[str, StatisticDeclaration] = {}
+        self.records: list[Release] = []
+        self._sessions: dict[tuple[str, str], ServerSession] = {}
+        self._options: dict[tuple[str, str], Any] = {}
+        self.ledger: PrivacyLedger | None = None
+        if plan.privacy is not None:
+            from secure_fl.privacy import PrivacyLedger
+
+            self.ledger = PrivacyLedger()
+        self._accounting: dict[str, NoisySum] = {}
+        self._once: dict[tuple[str, int], Release] = {}
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.network.transcript
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        return self.plan.clients
+
+    # --- sessions and declarations -----------------------------------------------------------
+
+    def add_session(self, protocol: str, tag: str, options: Any) -> None:
+        """A second session of ``protocol`` with its own options and keys (e.g. Dubhe's Paillier)."""
+        if not tag:
+            raise ValueError("an extra session needs a tag")
+        self._options[(protocol, tag)] = options
+
+    def session(self, protocol: str, tag: str = "") -> ServerSession:
+        """The run's one server session of ``protocol`` (and ``tag``), created on first use."""
+        key = (protocol, tag)
+        session = self._sessions.get(key)
+        if session is None:
+            options = self._options[key] if tag else self.plan.options_for(protocol)
+            session = descriptor(protocol).server_session(clients=self.clients, options=options)
+            session.tag = tag
+            self._sessions[key] = session
+        return session
+
+    def ensure_ready(self, protocol: str, *, round: int, tag: str = "") -> ServerSession:
+        """The session, its key set-up run first if it has not happened yet."""
+        session = self.session(protocol, tag)
+        if not session.ready:
+            run_id = secrets.token_bytes(16)
+            party = session.setup(run_id=run_id, round=round, statistic=f"{tag}_setup" if tag else "setup")
+            if party is not None:
+                context = RunContext(protocol, run_id, round, party.request.statistic, descriptor(protocol).stages)
+                drive(party, self.network, context)
+        return session
+
+    def declare(self, declaration: StatisticDeclaration) -> StatisticDeclaration:
+        """Register a declaration for the audit; one name means one declaration per run."""
+        known = self.declarations.get(declaration.name)
+        if known is not None and known != declaration:
+            raise ValueError(
+                f"statistic {declaration.name!r} was already declared differently in this run: "
+                f"{known.as_dict()} vs {declaration.as_dict()}")
+        self.declarations[declaration.name] = declaration
+        return declaration
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def request(self, declaration: StatisticDeclaration, *, cohort: Sequence[int], round: int,
+                protocol: str | None = None, tag: str = "") -> Release:
+        """Sum ``declaration`` over ``cohort`` through its protocol; what the server may know of it."""
+        self.declare(declaration)
+        members = ascending(cohort)
+        unknown = set(members) - set(self.clients)
+        if unknown:
+            raise ValueError(f"statistic {declaration.name!r}: clients {sorted(unknown)} are not in this run")
+        if not declaration.per_round and (declaration.name, round) in self._once:
+            return self._once[(declaration.name, round)]
+        layout = self.layouts(declaration, len(members), protocol)
+        session = self.session(layout.protocol, tag)
+        session.check(spec=layout.spec, reveal=declaration.reveal)
+        accounting = self._noise_accounting(declaration, len(members)) if layout.noisy is not None else None
+        if accounting is not None:
+            self._check_budget(accounting)
+        self.ensure_ready(layout.protocol, round=round, tag=tag)
+        run_id = secrets.token_bytes(16)
+        request = SumRequest(kind="sum", statistic=declaration.name, round=round, spec=layout.spec,
+                             reveal=declaration.reveal, participants=members, session=tag)
+        party = session.open(run_id=run_id, request=request)
+        start = len(self.transcript)
+        context = RunContext(layout.protocol, run_id, round, declaration.name, descriptor(layout.protocol).stages)
+        refusals = drive(party, self.network, context)
+        contributors = tuple(party.contributors)
+        value: np.ndarray | None = None
+        clipped: int | None = None
+        if party.result is not None:
+            value, clipped = np.asarray(party.result, dtype=np.float64), 0
+            if layout.digits:
+                value, clipped = read_tally(layout.base, value, layout.digits, len(contributors))
+        epsilon = None
+        if accounting is not None:
+            accounting._record(round=round, contributors=len(contributors))
+            clipped = None
+            assert self.ledger is not None
+            epsilon = self.ledger.guarantee(accounting.config.delta, statistic=declaration.name).epsilon
+        run_hex = run_id.hex()
+        spent = sum(e.bytes for e in self.transcript.entries[start:] if e.run_id == run_hex)
+        learned = ["server"] if party.result is not None else []
+        if declaration.reveal.clients:
+            learned += [f"client-{c}" for c in contributors]
+        release = Release(
+            name=declaration.name, round=round, protocol=layout.protocol, value=value, contributors=contributors,
+            dropouts=tuple(c for c in members if c not in set(contributors)), learned_by=tuple(learned),
+            clipped=clipped, bytes=spent, epsilon=epsilon if epsilon is None or math.isfinite(epsilon) else None,
+            noise=None if layout.noisy is None else layout.noisy.describe(),
+            refusals=tuple(refusals) + tuple(party.rejections),
+        )
+        self.records.append(release)
+        if not declaration.per_round:
+            self._once[(declaration.name, round)] = release
+        return release
+
+    # --- distributed DP ------------------------------------------------------------------------
+
+    def _noise_accounting(self, declaration: StatisticDeclaration, summands: int) -> NoisySum:
+        """The statistic's calibration as the server accounts for it (the clients draw the noise)."""
+        noisy = self._accounting.get(declaration.name)
+        if noisy is None:
+            assert self.plan.privacy is not None
+            noisy = self.plan.privacy.noisy_sum(declaration, clients=len(self.clients), contributors=summands,
+                                                ledger=self.ledger)
+            assert noisy is not None
+            self._accounting[declaration.name] = noisy
+        return noisy
+
+    def _check_budget(self, noisy: NoisySum) -> None:
+        from secure_fl.privacy import PrivacyBudgetError
+
+        try:
+            noisy._check_budget()
+        except PrivacyBudgetError as error:
+            raise PrivacyBudgetError(
+                f"{error} (in a run config: [privacy.statistics] {noisy.declaration.name} = {{ ..., releases = N }})"
+            ) from None
+
+    @property
+    def noisy(self) -> Mapping[str, NoisySum]:
+        """The calibration of each noised statistic requested so far."""
+        return dict(self._accounting)
+
+    # --- accounting of bytes and checkpoints ---------------------------------------------------
+
+    def bytes_by_statistic(self, round: int | None = None) -> dict[str, int]:
+        """Transcript bytes per statistic name, for one round or the whole run so far."""
+        totals: dict[str, int] = defaultdict(int)
+        for entry in self.transcript.entries:
+            if round is None or entry.round == round:
+                totals[entry.statistic] += entry.bytes
+        return dict(totals)
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for the server's checkpoint: the ledger and the once-per-run releases."""
+        return {
+            "ledger": None if self.ledger is None else self.ledger.to_dict(),
+            "once": [_release_state(r) for r in self._once.values()],
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("ledger") is not None:
+            if self.ledger is None:
+                raise ValueError("this run keeps no privacy ledger but the checkpoint has one")
+            from secure_fl.privacy import PrivacyLedger
+
+            self.ledger.releases[:] = PrivacyLedger.from_dict(state["ledger"]).releases
+        self._once = {}
+        for item in state.get("once", []):
+            release = _release_from_state(item)
+            self._once[(release.name, release.round)] = release
+
+
+def _release_state(release: Release) -> dict[str, Any]:
+    out = release.as_dict()
+    out["value"] = None if release.value is None else [float(v) for v in release.value]
+    out["epsilon"] = release.epsilon
+    return out
+
+
+def _release_from_state(item: Mapping[str, Any]) -> Release:
+    value = item.get("value")
+    return Release(
+        name=str(item["name"]), round=int(item["round"]), protocol=str(item["protocol"]),
+        value=None if value is None else np.asarray(value, dtype=np.float64),
+        contributors=tuple(int(c) for c in item["contributors"]), dropouts=tuple(int(c) for c in item["dropped"]),
+        learned_by=tuple(str(x) for x in item["learned_by"]),
+        clipped=None if item.get("clipped") is None else int(item["clipped"]), bytes=int(item["bytes"]),
+        epsilon=None if item.get("epsilon") is None else float(item["epsilon"]),
+    )
+

@@ -1,0 +1,183 @@
+"""One client's side of the run's statistics: check each request, compute, clip, noise, encode.
+
+A :class:`StatsParticipant` lives in a client node. When the server opens a sum at this client
+it checks the request against what the client itself expects — the statistic is one its
+method declared, through the protocol the run's plan names for it, with exactly the encoding
+and recipients the declaration implies, and a once-per-run statistic only once — and refuses
+otherwise (a clean dropout with the reason). Then it asks its owner for the vector, clips it to
+the declared bound when the declaration allows clipping (counting what it clipped, the count
+carried inside the sum, :mod:`.tally`), adds its share of distributed-DP noise when the plan
+noises the statistic, and encodes it for the protocol. What it learns comes back as
+:class:`~secure_fl.stats.release.Learned`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from protocols import (
+    BoundError,
+    ClientEndpoint,
+    ClientSession,
+    EncodingError,
+    Message,
+    PolicyError,
+    RunResult,
+    SumRequest,
+    descriptor,
+    encode,
+)
+
+from .declaration import StatisticDeclaration
+from .plan import Layout, Layouts, StatisticsPlan
+from .release import Learned
+from .tally import read_tally, with_tally
+
+__all__ = ["StatsParticipant"]
+
+Source = Callable[[StatisticDeclaration, SumRequest], npt.ArrayLike]
+"""This client's vector of a declared statistic for a request (in the declaration's units)."""
+
+
+class StatsParticipant:
+    """A client's statistics endpoint (see the module docstring)."""
+
+    def __init__(
+        self,
+        client_id: int,
+        *,
+        plan: StatisticsPlan,
+        declarations: Callable[[str], StatisticDeclaration | None],
+        source: Source,
+        on_learned: Callable[[Learned], None],
+        extra_sessions: Mapping[tuple[str, str], Any] | None = None,
+        noise_seed: Callable[[str, int], np.random.SeedSequence] | None = None,
+    ) -> None:
+        self.client_id = client_id
+        self.plan = plan
+        self.layouts = Layouts(plan)
+        self.declarations = declarations
+        self.source = source
+        self.on_learned = on_learned
+        self.noise_seed = noise_seed
+        sessions: dict[str | tuple[str, str], ClientSession] = {
+            name: descriptor(name).client_session(client_id, clients=plan.clients, options=plan.options_for(name))
+            for name in plan.protocols()
+        }
+        self.extra = dict(extra_sessions or {})
+        for (name, tag), options in self.extra.items():
+            sessions[(name, tag)] = descriptor(name).client_session(client_id, clients=plan.clients, options=options)
+        self.sessions = sessions
+        self.endpoint = ClientEndpoint(client_id, sessions=sessions, contribute=self._contribute,
+                                       on_result=self._result)
+        self.once: dict[str, int] = {}
+        """Once-per-run statistics this client contributed to, and the round of that release."""
+        self.clipped = 0
+        """Entries this client clipped so far (its own telemetry; the server learns only sums)."""
+
+    def handle(self, data: bytes) -> list[Message]:
+        return self.endpoint.handle(data)
+
+    # --- checks ---------------------------------------------------------------------------------
+
+    def _layout(self, protocol: str, request: SumRequest) -> tuple[StatisticDeclaration, Layout]:
+        declaration = self.declarations(request.statistic)
+        if declaration is None:
+            raise PolicyError(f"this client contributes to no statistic {request.statistic!r}")
+        if request.session:
+            if (protocol, request.session) not in self.extra:
+                raise PolicyError(f"no {protocol!r} session {request.session!r} is planned for this run")
+        elif protocol != self.plan.protocol_for(declaration):
+            raise PolicyError(f"statistic {declaration.name!r} goes through {self.plan.protocol_for(declaration)!r} "
+                              f"in this run, not {protocol!r}")
+        layout = self.layouts(declaration, len(request.participants), protocol)
+        if request.spec != layout.spec:
+            raise PolicyError(f"statistic {declaration.name!r}: the requested encoding {request.spec} is not the "
+                              f"declared one {layout.spec}")
+        if request.reveal != declaration.reveal:
+            raise PolicyError(f"statistic {declaration.name!r} is declared for {sorted(declaration.learners)}; "
+                              "the request reveals it to others")
+        return declaration, layout
+
+    def _contribute(self, protocol: str, request: SumRequest) -> npt.NDArray[Any]:
+        declaration, layout = self._layout(protocol, request)
+        if not declaration.per_round:
+            done = self.once.get(declaration.name)
+            if done is not None and done != request.round:
+                raise PolicyError(f"statistic {declaration.name!r} is released once per run; it was "
+                                  f"released at round {done}")
+        vector = np.asarray(self.source(declaration, request), dtype=np.float64).reshape(-1)
+        if vector.shape != (declaration.length,):
+            raise EncodingError(f"statistic {declaration.name!r}: {vector.size} entries, declared {declaration.length}")
+        if not np.all(np.isfinite(vector)):
+            raise EncodingError(f"statistic {declaration.name!r}: the vector holds NaN or infinity")
+        values = self._prepare(declaration, layout, vector, request.round)
+        if not declaration.per_round:
+            self.once[declaration.name] = request.round
+        if not descriptor(protocol).encoded:
+            return values
+        return encode(layout.spec, values).values
+
+    def _prepare(self, declaration: StatisticDeclaration, layout: Layout, vector: npt.NDArray[np.float64],
+                 round: int) -> npt.NDArray[np.float64]:
+        low = -float(declaration.bound) if declaration.signed else 0.0
+        high = float(declaration.bound)
+        outside = (vector < low) | (vector > high)
+        if np.any(outside) and not declaration.clip and descriptor(layout.protocol).encoded:
+            index = int(np.flatnonzero(outside)[0])
+            raise BoundError(f"statistic {declaration.name!r}: entry {index} = {vector[index]!r} is outside "
+                             f"[{low}, {high}] and the declaration does not allow clipping")
+        if layout.noisy is not None:
+            noisy = layout.noisy
+            if self.noise_seed is not None and not noisy.config.secure_mode:
+                from secure_fl.privacy import SeededRandom
+
+                noisy.rng = SeededRandom(self.noise_seed(declaration.name, round))
+            perturbed, clipped_inputs, clipped_noise = noisy.perturb(vector)
+            self.clipped += clipped_inputs + clipped_noise
+            return perturbed
+        if not descriptor(layout.protocol).encoded:
+            return vector
+        clipped = int(np.count_nonzero(outside))
+        self.clipped += clipped
+        values = np.clip(vector, low, high) if clipped else vector
+        return with_tally(layout.base, values, clipped, layout.digits) if layout.digits else values
+
+    # --- results --------------------------------------------------------------------------------
+
+    def _result(self, result: RunResult) -> None:
+        declaration = self.declarations(result.request.statistic)
+        if declaration is None:  # a run this client took part in without an input of its own
+            self.on_learned(Learned(result.request.statistic, result.request.round, result.total,
+                                    result.contributors, None))
+            return
+        layout = self.layouts(declaration, len(result.request.participants), result.protocol)
+        values, clipped = result.total, None
+        if layout.digits:
+            values, clipped = read_tally(layout.base, values, layout.digits, len(result.contributors))
+        self.on_learned(Learned(declaration.name, result.request.round, values, result.contributors, clipped))
+
+    # --- snapshots ------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """This client's protocol sessions (its own keys, hex) and its once-per-run record: plain data."""
+        sessions = {}
+        for key, session in self.sessions.items():
+            name, tag = (key, "") if isinstance(key, str) else key
+            sessions[f"{name}/{tag}"] = session.to_bytes().hex()
+        return {"sessions": sessions, "once": dict(self.once), "clipped": self.clipped}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        for label, data in state.get("sessions", {}).items():
+            name, _, tag = str(label).partition("/")
+            key: str | tuple[str, str] = (name, tag) if tag else name
+            if key not in self.sessions:
+                raise ValueError(f"snapshot holds a session {label!r} this run does not plan")
+            self.sessions[key].load_bytes(bytes.fromhex(str(data)))
+        self.once = {str(k): int(v) for k, v in state.get("once", {}).items()}
+        self.clipped = int(state.get("clipped", 0))
+        self.endpoint.forget()
