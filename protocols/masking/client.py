@@ -1,0 +1,226 @@
+"""A masking client's side of one run: fresh keys, shared secrets, the masked upload, and the
+policy that decides which shares it reveals.
+
+The client holds only its input (as mask words, overwritten by the masked vector), the run's
+secrets it drew itself (two X25519 keys, the self-mask seed ``b``), the shares its neighbours
+sealed for it, and what it parsed from the server's messages. Its :class:`GroupParameters`
+come from the public options and the request's participants, never from the server.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from ..base import Outgoing, Party, Reveal, StageGate
+from ..encoding import VectorSpec, decode_sum
+from ..errors import AuthenticationError, EncodingError, PolicyError, StageError, WireError
+from ..messages import ReleasedSum
+from ..primitives import shamir
+from ..primitives.channel import ChannelKey, open_sealed, seal
+from ..primitives.prg import MaskExpander, Words
+from ..transcript import Exposure
+from ..wire import SERVER, Envelope, PartyId
+from .keys import (
+    SHARE_PLAINTEXT_BYTES,
+    SHARE_PURPOSE,
+    agree,
+    load_public,
+    pair_seed,
+    raw_private,
+    raw_public,
+    self_seed,
+    share_associated,
+)
+from .messages import (
+    KeyAdvert,
+    NeighbourKeys,
+    SealedShares,
+    Stage,
+    UnmaskRequest,
+    UnmaskResponse,
+    masked_to_bytes,
+)
+from .parameters import GroupParameters, word_dtype
+
+__all__ = ["MaskingClient"]
+
+
+class MaskingClient(Party):
+    """One client of one run. Holds its input as mask words, its keys, and the shares it keeps."""
+
+    def __init__(self, party_id: PartyId, *, protocol: str, run_id: bytes, spec: VectorSpec, reveal: Reveal,
+                 words: Words, params: GroupParameters, participants: tuple[PartyId, ...],
+                 clients: tuple[PartyId, ...]) -> None:
+        super().__init__(party_id)
+        self.protocol, self.run_id, self.spec, self.params = protocol, run_id, spec, params
+        self.reveal, self.clients = reveal, clients
+        self.participants = frozenset(participants)
+        self.dtype = word_dtype(spec.slot_bits)
+        if words.dtype != self.dtype or words.shape != (spec.length,):
+            raise EncodingError(f"expected {spec.length} words of type {self.dtype}")
+        self._words: Words | None = words
+        self.gate = StageGate(run_id, protocol, party_id)
+        self._channel: ChannelKey | None = None
+        self._mask_key: X25519PrivateKey | None = None
+        self._neighbours: dict[PartyId, tuple[bytes, X25519PublicKey]] = {}
+        self._seed: bytes | None = None
+        self._own_shares: tuple[int, int] | None = None
+        self._held: dict[PartyId, tuple[int, int]] = {}
+        self._answered: UnmaskRequest | None = None
+        """The unmasking request this client answered: the released sum must agree with it."""
+
+    def start(self) -> list[Outgoing]:
+        """Stage ``advertise_keys``, in reply to ``open``: two fresh public keys."""
+        self._channel = ChannelKey()
+        self._mask_key = X25519PrivateKey.generate()
+        advert = KeyAdvert(self._channel.public_bytes, raw_public(self._mask_key))
+        self.gate.open = {Stage.SHARE_KEYS}
+        return [self._send(Stage.ADVERTISE_KEYS, advert.to_bytes(), Exposure.public())]
+
+    def receive(self, env: Envelope) -> list[Outgoing]:
+        self.gate.check(env, allowed_senders=[SERVER])
+        if env.stage == Stage.SHARE_KEYS:
+            return self._share_keys(env)
+        if env.stage == Stage.UPLOAD:
+            return self._upload(env)
+        if env.stage == Stage.UNMASKING:
+            return self._unmask(env)
+        return self._result(env)
+
+    def _send(self, stage: Stage, payload: bytes, exposure: Exposure) -> Outgoing:
+        return Outgoing(Envelope(self.protocol, stage, self.run_id, self.party_id, SERVER, payload), exposure)
+
+    # share_keys: split b and s_sk among the neighbours and seal one pair of shares for each.
+    def _share_keys(self, env: Envelope) -> list[Outgoing]:
+        assert self._channel is not None and self._mask_key is not None
+        keys = NeighbourKeys.from_bytes(env.payload, parties=self.participants)
+        own = {self._channel.public_bytes, raw_public(self._mask_key)}
+        ids = [pid for pid, _, _ in keys.entries]
+        if self.party_id in ids:
+            raise WireError("a client is not its own neighbour")
+        if len(ids) > self.params.degree:
+            raise PolicyError(f"{len(ids)} neighbours exceed the run's degree {self.params.degree}")
+        if len(ids) + 1 < self.params.threshold:
+            raise PolicyError(f"sharing among {len(ids) + 1} holders is below the threshold {self.params.threshold}")
+        published = [k for _, c_pk, s_pk in keys.entries for k in (c_pk, s_pk)]
+        if len(set(published)) != len(published) or own & set(published):
+            raise WireError("neighbour keys repeat")
+        neighbours = {pid: (c_pk, load_public(s_pk)) for pid, c_pk, s_pk in keys.entries}
+        with self.timed("share_keys"):
+            seed = secrets.token_bytes(shamir.SECRET_BYTES)
+            holders = sorted([*ids, self.party_id])
+            xs = [pid + 1 for pid in holders]
+            seed_shares = dict(zip(holders, shamir.split(seed, xs, self.params.threshold)))
+            key_shares = dict(zip(holders, shamir.split(raw_private(self._mask_key), xs, self.params.threshold)))
+            sealed = []
+            for pid in ids:
+                plaintext = shamir.share_to_bytes(seed_shares[pid]) + shamir.share_to_bytes(key_shares[pid])
+                associated = share_associated(self.protocol, self.run_id, self.party_id, pid)
+                try:
+                    box = seal(self._channel, neighbours[pid][0], plaintext, associated=associated,
+                               purpose=SHARE_PURPOSE)
+                except ValueError:
+                    raise WireError(f"neighbour {pid}'s channel key is unusable") from None
+                sealed.append((pid, box))
+        self.gate.record(env)
+        self._neighbours = neighbours
+        self._seed = seed
+        self._own_shares = (seed_shares[self.party_id], key_shares[self.party_id])
+        self.gate.open = {Stage.UPLOAD}
+        return [self._send(Stage.SHARE_KEYS, SealedShares(tuple(sealed)).to_bytes(),
+                           Exposure.sealed(self.party_id))]
+
+    # upload: open the shares held for others, then mask with exactly the neighbours that shared.
+    def _upload(self, env: Envelope) -> list[Outgoing]:
+        assert self._channel is not None and self._mask_key is not None and self._seed is not None
+        relayed = SealedShares.from_bytes(env.payload, parties=self.participants)
+        held: dict[PartyId, tuple[int, int]] = {}
+        for owner, box in relayed.entries:
+            if owner not in self._neighbours:
+                raise StageError(f"party {owner} is not a neighbour of this client")
+            associated = share_associated(self.protocol, self.run_id, owner, self.party_id)
+            try:
+                plaintext = open_sealed(self._channel, self._neighbours[owner][0], box,
+                                        associated=associated, purpose=SHARE_PURPOSE)
+            except ValueError:
+                raise AuthenticationError("sealed message failed to open") from None
+            if len(plaintext) != SHARE_PLAINTEXT_BYTES:
+                raise WireError("a share pair has the wrong length")
+            held[owner] = (shamir.share_from_bytes(plaintext[: shamir.SHARE_BYTES]),
+                           shamir.share_from_bytes(plaintext[shamir.SHARE_BYTES :]))
+        if len(held) + 1 < self.params.threshold:
+            raise PolicyError(f"only {len(held)} neighbours shared keys; the threshold is {self.params.threshold}")
+        assert self._words is not None
+        with self.timed("upload"):
+            add = [self_seed(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)]
+            subtract: list[bytes] = []
+            for owner in held:
+                shared = agree(self._mask_key, self._neighbours[owner][1])
+                seed = pair_seed(shared, protocol=self.protocol, run_id=self.run_id, u=self.party_id, v=owner)
+                (add if self.party_id < owner else subtract).append(seed)
+            words = self._words  # consumed: the masked vector is written over the input
+            MaskExpander(self.spec.length, self.dtype).accumulate(words, add=add, subtract=subtract)
+            if self.spec.slot_bits < 8 * self.dtype.itemsize:
+                np.bitwise_and(words, self.dtype.type((1 << self.spec.slot_bits) - 1), out=words)
+            payload = masked_to_bytes(words)
+        self.gate.record(env)
+        self._words = None
+        self._held = held
+        self.gate.open = {Stage.UNMASKING}
+        return [self._send(Stage.UPLOAD, payload, Exposure.masked(self.spec.length, self.party_id))]
+
+    # unmasking: reveal one share per party, never both of one party.
+    def _unmask(self, env: Envelope) -> list[Outgoing]:
+        assert self._own_shares is not None
+        request = UnmaskRequest.from_bytes(env.payload, parties=self.participants)
+        self.check_request(request)
+        b_shares = tuple(self._own_shares[0] if pid == self.party_id else self._held[pid][0]
+                         for pid in request.survivors)
+        s_shares = tuple(self._held[pid][1] for pid in request.dropped)
+        self.gate.record(env)
+        # Nothing secret is needed any more: forget it.
+        self._seed, self._own_shares, self._held, self._mask_key = None, None, {}, None
+        self._answered = request
+        self.gate.open = {Stage.RESULT} if self.reveal.clients else set()
+        return [self._send(Stage.UNMASKING, UnmaskResponse(b_shares, s_shares).to_bytes(), Exposure.public())]
+
+    def check_request(self, request: UnmaskRequest) -> None:
+        """Refuse any request that could unmask an individual input."""
+        both = set(request.survivors) & set(request.dropped)
+        if both:
+            raise PolicyError(f"asked for both the self-mask and the key share of parties {sorted(both)}")
+        if self.party_id in request.dropped:
+            raise PolicyError("asked for this client's own mask key although it uploaded")
+        if self.party_id not in request.survivors:
+            raise PolicyError("the request treats this client as lost although it uploaded")
+        if len(request.survivors) < self.params.threshold:
+            raise PolicyError(f"only {len(request.survivors)} survivors named; the threshold is "
+                              f"{self.params.threshold}")
+        unknown = (set(request.survivors) | set(request.dropped)) - set(self._held) - {self.party_id}
+        if unknown:
+            raise StageError(f"this client holds no shares of parties {sorted(unknown)}")
+
+    def _result(self, env: Envelope) -> list[Outgoing]:
+        assert self._answered is not None
+        released = ReleasedSum.from_bytes(env.payload, self.spec, parties=self.clients)
+        counted = set(released.contributors)
+        if self.party_id not in counted:
+            raise WireError("the released sum leaves out this client although it uploaded")
+        if not counted <= self.participants:
+            raise WireError("the released sum counts clients that were not asked for an input")
+        # Whoever the server asked this client to unmask as a survivor uploaded; whoever it
+        # named as lost did not. On the complete graph every uploader is a neighbour.
+        survivors, lost = set(self._answered.survivors), set(self._answered.dropped)
+        if not survivors <= counted or lost & counted or (self.params.complete and counted != survivors):
+            raise WireError("the released sum's contributors contradict the unmasking request")
+        try:
+            result = decode_sum(self.spec, released.encoded_sum, contributors=len(released.contributors))
+        except EncodingError as error:
+            raise WireError(f"released sum is impossible: {error}") from error
+        self.gate.record(env)
+        self.gate.open = set()
+        self.result, self.contributors = result, released.contributors
+        return []

@@ -1,0 +1,82 @@
+"""Key material of a masking run: X25519 keys, the HKDF seeds of the masks, the sealing context.
+
+Every key and seed is fresh per run and bound to it: the HKDF ``info`` names the protocol,
+the run and the parties, so a seed of one run (or one pair) never expands another's mask,
+and a sealed share moved to another run, owner or holder fails to open.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from ..errors import WireError
+from ..primitives import shamir
+from ..primitives.channel import NONCE_BYTES, PUBLIC_KEY_BYTES, hkdf
+from ..primitives.prg import SEED_BYTES
+from ..wire import PROTOCOL_CODES, PartyId
+
+__all__ = [
+    "SEALED_SHARE_BYTES", "SHARE_PLAINTEXT_BYTES", "SHARE_PURPOSE", "agree", "check_public", "load_public",
+    "pair_seed", "raw_private", "raw_public", "self_seed", "share_associated",
+]
+
+SHARE_PLAINTEXT_BYTES: Final = 2 * shamir.SHARE_BYTES
+"""One holder's share of the self-mask seed ``b`` and of the mask key ``s``."""
+SEALED_SHARE_BYTES: Final = NONCE_BYTES + SHARE_PLAINTEXT_BYTES + 16
+SHARE_PURPOSE: Final = b"masking-shares"
+
+
+def raw_public(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def raw_private(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                             serialization.NoEncryption())
+
+
+def load_public(data: bytes) -> X25519PublicKey:
+    if len(data) != PUBLIC_KEY_BYTES:
+        raise WireError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(data)}")
+    return X25519PublicKey.from_public_bytes(data)
+
+
+def check_public(data: bytes) -> None:
+    """Refuse keys that cannot agree a secret (low-order points) before anyone relies on them."""
+    try:
+        X25519PrivateKey.generate().exchange(load_public(data))
+    except ValueError:
+        raise WireError("not a usable X25519 public key") from None
+
+
+def agree(private: X25519PrivateKey, public: X25519PublicKey) -> bytes:
+    """X25519 with a peer's key; a key that agrees nothing (low order) is the peer's fault."""
+    try:
+        return private.exchange(public)
+    except ValueError:
+        raise WireError("key agreement with a peer's key failed") from None
+
+
+def _u32(value: int) -> bytes:
+    return value.to_bytes(4, "big")
+
+
+def pair_seed(shared: bytes, *, protocol: str, run_id: bytes, u: PartyId, v: PartyId) -> bytes:
+    """The PRG seed of the pairwise mask of ``u`` and ``v`` (symmetric in u, v)."""
+    low, high = min(u, v), max(u, v)
+    info = b"secure-fl/masking/pair/" + protocol.encode() + run_id + _u32(low) + _u32(high)
+    return hkdf(shared, info=info, length=SEED_BYTES)
+
+
+def self_seed(seed: bytes, *, protocol: str, run_id: bytes, owner: PartyId) -> bytes:
+    """The PRG seed of ``owner``'s self mask, from its shared 32-byte secret ``b``."""
+    info = b"secure-fl/masking/self/" + protocol.encode() + run_id + _u32(owner)
+    return hkdf(seed, info=info, length=SEED_BYTES)
+
+
+def share_associated(protocol: str, run_id: bytes, owner: PartyId, holder: PartyId) -> bytes:
+    """Associated data of the sealed shares ``owner`` gives ``holder`` in one run."""
+    return run_id + bytes([PROTOCOL_CODES[protocol]]) + _u32(owner) + _u32(holder)

@@ -1,0 +1,213 @@
+"""Stages and payloads of a masking run, each parsed strictly (a :class:`~protocols.errors.WireError`
+for anything that could not have been written by the matching ``to_bytes``).
+
+Layouts (big-endian unless noted; the envelope adds its 34-byte header)::
+
+    advertise_keys  c -> s   channel key 32B | mask key 32B
+    share_keys      s -> c   u32 count | (u32 id | channel key | mask key) per neighbour, ascending
+    share_keys      c -> s   u32 count | (u32 holder | sealed share pair) per neighbour, ascending
+    upload          s -> c   u32 count | (u32 owner | sealed share pair) per neighbour that shared
+    upload          c -> s   u8 word bytes | u32 count | words, little-endian
+    unmasking       s -> c   u32 count | survivors' ids | u32 count | lost ids
+    unmasking       c -> s   u32 count | 33B shares | u32 count | 33B shares
+    result          s -> c   a :class:`~protocols.messages.ReleasedSum`
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+from ..encoding import VectorSpec
+from ..errors import WireError
+from ..primitives import shamir
+from ..primitives.channel import PUBLIC_KEY_BYTES
+from ..primitives.prg import Words
+from ..wire import PartyId, Reader, Writer
+from .keys import SEALED_SHARE_BYTES
+
+__all__ = [
+    "KeyAdvert", "NeighbourKeys", "SealedShares", "Stage", "UnmaskRequest", "UnmaskResponse",
+    "masked_from_bytes", "masked_to_bytes",
+]
+
+
+class Stage(IntEnum):
+    """The stages of a masking run, as :class:`~protocols.network.DropoutPlan` names them."""
+
+    ADVERTISE_KEYS = 1
+    SHARE_KEYS = 2
+    UPLOAD = 3
+    # 4: Bonawitz's consistency check, reserved (see the package docstring).
+    UNMASKING = 5
+    RESULT = 6
+
+
+def _read_ids(reader: Reader, allowed: frozenset[PartyId], *, limit: int) -> tuple[PartyId, ...]:
+    """A u32 count then strictly increasing party ids, all in ``allowed``."""
+    count = reader.u32()
+    if count > limit:
+        raise WireError(f"a list of {count} parties is not possible here")
+    ids = tuple(reader.u32() for _ in range(count))
+    if any(b <= a for a, b in pairwise(ids)):
+        raise WireError("party lists must be strictly increasing")
+    if not set(ids) <= allowed:
+        raise WireError("party list names parties outside this run")
+    return ids
+
+
+def _write_ids(writer: Writer, ids: Sequence[PartyId]) -> Writer:
+    writer.u32(len(ids))
+    for pid in ids:
+        writer.u32(pid)
+    return writer
+
+
+@dataclass(frozen=True)
+class KeyAdvert:
+    """Client -> server: the run's two fresh public keys (``c`` seals shares, ``s`` agrees masks)."""
+
+    channel_key: bytes
+    mask_key: bytes
+
+    def to_bytes(self) -> bytes:
+        return Writer().raw(self.channel_key).raw(self.mask_key).finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyAdvert:
+        reader = Reader(data)
+        advert = cls(reader.raw(PUBLIC_KEY_BYTES), reader.raw(PUBLIC_KEY_BYTES))
+        reader.end()
+        return advert
+
+
+@dataclass(frozen=True)
+class NeighbourKeys:
+    """Server -> client: ``(id, channel key, mask key)`` of each neighbour, by increasing id."""
+
+    entries: tuple[tuple[PartyId, bytes, bytes], ...]
+
+    def to_bytes(self) -> bytes:
+        writer = Writer().u32(len(self.entries))
+        for pid, c_pk, s_pk in self.entries:
+            writer.u32(pid).raw(c_pk).raw(s_pk)
+        return writer.finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> NeighbourKeys:
+        reader = Reader(data)
+        count = reader.u32()
+        if count >= len(parties):
+            raise WireError(f"{count} neighbours is not possible among {len(parties)} participants")
+        entries = tuple((reader.u32(), reader.raw(PUBLIC_KEY_BYTES), reader.raw(PUBLIC_KEY_BYTES))
+                        for _ in range(count))
+        reader.end()
+        ids = [e[0] for e in entries]
+        if any(b <= a for a, b in pairwise(ids)) or not set(ids) <= parties:
+            raise WireError("neighbour list is unsorted, repeated or names outsiders")
+        return cls(entries)
+
+
+@dataclass(frozen=True)
+class SealedShares:
+    """Sealed share pairs keyed by the other party: the recipient (client -> server) or the
+    owner (server -> client), by increasing id."""
+
+    entries: tuple[tuple[PartyId, bytes], ...]
+
+    def to_bytes(self) -> bytes:
+        writer = Writer().u32(len(self.entries))
+        for pid, sealed in self.entries:
+            writer.u32(pid).raw(sealed)
+        return writer.finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> SealedShares:
+        reader = Reader(data)
+        count = reader.u32()
+        if count >= len(parties):
+            raise WireError(f"{count} sealed shares is not possible among {len(parties)} participants")
+        entries = tuple((reader.u32(), reader.raw(SEALED_SHARE_BYTES)) for _ in range(count))
+        reader.end()
+        ids = [e[0] for e in entries]
+        if any(b <= a for a, b in pairwise(ids)) or not set(ids) <= parties:
+            raise WireError("sealed shares are unsorted, repeated or name outsiders")
+        return cls(entries)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Whose self-mask share (``survivors``) and whose mask-key share (``dropped``) to reveal."""
+
+    survivors: tuple[PartyId, ...]
+    dropped: tuple[PartyId, ...]
+
+    def to_bytes(self) -> bytes:
+        return _write_ids(_write_ids(Writer(), self.survivors), self.dropped).finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> UnmaskRequest:
+        reader = Reader(data)
+        survivors = _read_ids(reader, parties, limit=len(parties))
+        dropped = _read_ids(reader, parties, limit=len(parties))
+        reader.end()
+        return cls(survivors, dropped)
+
+
+@dataclass(frozen=True)
+class UnmaskResponse:
+    """The revealed share values, in the order of the request's two lists."""
+
+    self_mask_shares: tuple[int, ...]
+    key_shares: tuple[int, ...]
+
+    def to_bytes(self) -> bytes:
+        writer = Writer().u32(len(self.self_mask_shares))
+        for y in self.self_mask_shares:
+            writer.raw(shamir.share_to_bytes(y))
+        writer.u32(len(self.key_shares))
+        for y in self.key_shares:
+            writer.raw(shamir.share_to_bytes(y))
+        return writer.finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, request: UnmaskRequest) -> UnmaskResponse:
+        reader = Reader(data)
+        lists = []
+        for expected in (len(request.survivors), len(request.dropped)):
+            if reader.u32() != expected:
+                raise WireError("the response does not answer the request")
+            lists.append(tuple(shamir.share_from_bytes(reader.raw(shamir.SHARE_BYTES)) for _ in range(expected)))
+        reader.end()
+        return cls(lists[0], lists[1])
+
+
+_MASKED_HEADER = struct.Struct(">BI")
+
+
+def masked_to_bytes(words: Words) -> bytes:
+    """``u8 word bytes | u32 count | little-endian words``: one copy of the vector."""
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts only
+        words = words.byteswap()
+    return b"".join((_MASKED_HEADER.pack(words.dtype.itemsize, words.shape[0]), words.data))
+
+
+def masked_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any]) -> Words:
+    if len(data) < _MASKED_HEADER.size:
+        raise WireError("masked input truncated")
+    width, count = _MASKED_HEADER.unpack_from(data)
+    if width != dtype.itemsize or count != spec.length:
+        raise WireError(f"expected {spec.length} words of {dtype.itemsize} bytes, got {count} of {width}")
+    if len(data) != _MASKED_HEADER.size + width * count:
+        raise WireError("masked input has the wrong length")
+    words: Words = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=count, offset=_MASKED_HEADER.size)
+    if spec.slot_bits < 8 * width and words.size and int(words.max()) >> spec.slot_bits:
+        raise WireError(f"a masked entry is not reduced modulo 2**{spec.slot_bits}")
+    return words

@@ -1,0 +1,252 @@
+"""The shape of a masking run: options, degree and threshold, Bell et al.'s bounds, the graph.
+
+Everything here is a function of public inputs (the options and the number of participants),
+so the server and every client compute a run's :class:`GroupParameters` independently; a
+client never takes the server's word for them.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..errors import ThresholdError
+from ..wire import PartyId, Writer
+
+__all__ = [
+    "GroupParameters", "MaskingOptions", "complete_parameters", "group_parameters", "harary_graph",
+    "resolve_threshold", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskingOptions:
+    """How many clients must survive, and (SecAgg+) how many neighbours each client masks with.
+
+    ``threshold``
+        Shares needed to recover one client's secret, among its ``degree + 1`` holders
+        (its neighbours and itself). An ``int`` is absolute; a ``float`` in (0, 1] is a
+        fraction of the holders, rounded up. ``None``: ``ceil(2m/3)`` holders for
+        ``masking`` (``m`` participants), and for ``secagg+`` ``ceil(2(k+1)/3)`` clamped
+        into the range Bell et al.'s bounds allow. Higher ``t`` means more colluding
+        clients are needed to unmask anyone (and a lying server must fool more clients);
+        lower ``t`` survives more dropouts. Never below 2 when a client has neighbours.
+    ``degree`` (``secagg+`` only)
+        Neighbours per client, rounded up to even (a Harary graph has ``k/2`` on each
+        side of a random ring). ``None``: the smallest even ``k`` meeting Bell et al.'s
+        security and correctness bounds for ``dropout_rate`` and ``corruption_rate``;
+        the complete graph when none does. Client cost grows linearly with ``k``.
+    ``dropout_rate``, ``corruption_rate`` (``secagg+`` with ``degree=None``)
+        The assumed fractions of clients lost during a round and colluding with the
+        server; they size ``k`` and ``t``. Must add up to at most 0.9.
+    ``security_bits``, ``correctness_bits``
+        ``sigma`` and ``eta`` of the bounds: the graph leaks a partial sum with
+        probability below ``2**-sigma``, and a round fails for lack of shares with
+        probability below ``2**-eta`` when the rates hold.
+    """
+
+    threshold: int | float | None = None
+    degree: int | None = None
+    dropout_rate: float = 0.1
+    corruption_rate: float = 0.05
+    security_bits: int = 40
+    correctness_bits: int = 20
+
+    def __post_init__(self) -> None:
+        t = self.threshold
+        if t is not None:
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                raise ValueError(f"threshold must be an int, a float fraction or None, got {t!r}")
+            if isinstance(t, int) and t < 1:
+                raise ValueError(f"an absolute threshold must be >= 1, got {t}")
+            if isinstance(t, float) and not 0.0 < t <= 1.0:
+                raise ValueError(f"a fractional threshold must lie in (0, 1], got {t}")
+        if self.degree is not None:
+            if isinstance(self.degree, bool) or not isinstance(self.degree, int) or self.degree < 2:
+                raise ValueError(f"degree must be an integer >= 2, got {self.degree!r}")
+            holders = self.degree + (self.degree & 1) + 1  # the degree rounds up to even
+            if isinstance(t, int) and t > holders:
+                raise ValueError(f"threshold {t} exceeds the {holders} holders of each secret")
+        for name in ("dropout_rate", "corruption_rate"):
+            rate = getattr(self, name)
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1), got {rate!r}")
+        if self.dropout_rate + self.corruption_rate > 0.9:
+            raise ValueError("dropout_rate + corruption_rate must be at most 0.9")
+        for name in ("security_bits", "correctness_bits"):
+            bits = getattr(self, name)
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 256:
+                raise ValueError(f"{name} must be an integer in [1, 256], got {bits!r}")
+
+
+@dataclass(frozen=True)
+class GroupParameters:
+    """The shape of one run: ``participants`` clients, each masking with ``degree`` neighbours;
+    each secret is shared among ``degree + 1`` holders, any ``threshold`` of which recover it."""
+
+    participants: int
+    degree: int
+    threshold: int
+
+    @property
+    def complete(self) -> bool:
+        return self.degree >= self.participants - 1
+
+    def to_bytes(self) -> bytes:
+        """The run's ``SumRequest.params``: what the server computed, which every client
+        compares with its own computation (a mismatch means different options: refuse)."""
+        return Writer().u32(self.participants).u32(self.degree).u32(self.threshold).finish()
+
+
+def _lchoose(n: int, k: int) -> float:
+    if k < 0 or k > n:
+        return -math.inf
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _hypergeometric(population: int, successes: int, draws: int) -> list[float]:
+    """P[X = x] for x = 0..draws, X the successes among ``draws`` taken without replacement."""
+    total = _lchoose(population, draws)
+    return [math.exp(_lchoose(successes, x) + _lchoose(population - successes, draws - x) - total)
+            for x in range(draws + 1)]
+
+
+@lru_cache(maxsize=128)
+def sparse_graph_parameters(
+    n: int, *, dropout_rate: float, corruption_rate: float, security_bits: int = 40, correctness_bits: int = 20,
+) -> tuple[int, int, int] | None:
+    """Smallest even degree ``k`` and the admissible thresholds ``[t_low, t_high]`` for SecAgg+.
+
+    Bell et al. (CCS 2020, sec. 3-4) with a random Harary graph, as made concrete in
+    federated-compute's ``graph_parameter_finder``: with ``A = floor(gamma n)`` corrupt
+    and ``D = floor(delta n)`` lost clients,
+
+    1. the honest survivors stay connected except with probability below
+       ``2**-(sigma+1)``: disconnecting a Harary graph needs ``k/2`` consecutive ring
+       positions removed at two places, so ``P <= n (n-k-1) / 2 * C(A+D, k) / C(n, k)``;
+    2. a client's ``k`` neighbours are a uniform ``k``-subset of the other ``n - 1``, so
+       the corrupt neighbours ``~ Hyp(n-1, A, k)`` and the surviving ones
+       ``~ Hyp(n-1, n-D-1, k)``. ``t_low - 1`` bounds the former except with probability
+       ``2**-(sigma+1) / n`` (fewer than ``t`` colluders can never unmask a client),
+       ``t_high`` bounds the latter from below except with probability ``2**-eta / n``
+       (every needed secret keeps ``t`` holders).
+
+    Returns ``None`` when no ``k < n - 1`` qualifies (small ``n`` or high rates): use the
+    complete graph.
+    """
+    if n < 4:
+        return None
+    corrupt = math.ceil(corruption_rate * n - 1e-9)
+    lost = math.ceil(dropout_rate * n - 1e-9)
+    bad = corrupt + lost
+    log_sec = -(security_bits + 1) * math.log(2)
+    eps_security = 2.0 ** -(security_bits + 1) / n
+    eps_correct = 2.0 ** -correctness_bits / n
+    for k in range(2, n - 1, 2):
+        if k <= bad:
+            log_disconnect = (math.log(n) + math.log(n - k - 1) - math.log(2)
+                              + _lchoose(bad, k) - _lchoose(n, k))
+            if log_disconnect >= log_sec:
+                continue
+        corrupt_pmf = _hypergeometric(n - 1, corrupt, k)
+        t_low_minus_1, tail = k, 0.0  # smallest x with P[corrupt neighbours > x] <= eps
+        for x in range(k, -1, -1):
+            if tail > eps_security:
+                break
+            t_low_minus_1 = x
+            tail += corrupt_pmf[x]
+        survive_pmf = _hypergeometric(n - 1, n - lost - 1, k)
+        t_high, below = 0, 0.0  # largest x with P[surviving neighbours < x] <= eps
+        for x in range(k + 1):
+            if below > eps_correct:
+                break
+            t_high = x
+            below += survive_pmf[x]
+        t_low = max(t_low_minus_1 + 1, 2)
+        if t_low <= t_high:
+            return k, t_low, t_high
+    return None
+
+
+def resolve_threshold(requested: int | float | None, holders: int, default: int) -> int:  # noqa: PYI041
+    """The threshold among ``holders`` (see :class:`MaskingOptions`); a ``ValueError`` for a
+    threshold of 1 where one holder could then unmask a client alone, a
+    :class:`~protocols.errors.ThresholdError` for one no run of this size can reach."""
+    if requested is None:
+        t = default
+    elif isinstance(requested, float):
+        t = max(math.ceil(requested * holders - 1e-9), 2 if holders >= 2 else 1)
+    else:
+        t = requested
+        if holders >= 2 and t < 2:
+            raise ValueError("a threshold of 1 lets any single holder unmask a client; use at least 2")
+    if t > holders:
+        raise ThresholdError(f"threshold {t} exceeds the {holders} holders of each secret in this run")
+    return t
+
+
+def complete_parameters(participants: int, options: MaskingOptions) -> GroupParameters:
+    """SecAgg: every participant holds a share of every other's secrets; ``t = ceil(2m/3)`` by default."""
+    m = participants
+    default = max((2 * m + 2) // 3, 2 if m >= 2 else 1)
+    return GroupParameters(m, m - 1, resolve_threshold(options.threshold, m, default))
+
+
+def sparse_parameters(participants: int, options: MaskingOptions) -> GroupParameters:
+    """SecAgg+: the options' degree, or the smallest one Bell et al.'s bounds accept (the
+    complete graph when none does), with the default threshold clamped into their range."""
+    m = participants
+    bounds: tuple[int, int] | None = None
+    if options.degree is not None:
+        k = options.degree + (options.degree & 1)
+    else:
+        found = sparse_graph_parameters(
+            m, dropout_rate=options.dropout_rate, corruption_rate=options.corruption_rate,
+            security_bits=options.security_bits, correctness_bits=options.correctness_bits,
+        )
+        if found is None:
+            return complete_parameters(m, options)
+        k, low, high = found
+        bounds = (low, high)
+    k = min(k, m - 1)
+    holders = k + 1
+    default = max((2 * holders + 2) // 3, 2 if holders >= 2 else 1)
+    if bounds is not None:
+        default = min(max(default, bounds[0]), bounds[1])
+    return GroupParameters(m, k, resolve_threshold(options.threshold, holders, default))
+
+
+def group_parameters(participants: int, options: MaskingOptions, *, sparse: bool) -> GroupParameters:
+    """Degree and threshold of a run with ``participants`` clients holding inputs."""
+    if participants < 1:
+        raise ValueError("a run needs at least one participant")
+    return sparse_parameters(participants, options) if sparse else complete_parameters(participants, options)
+
+
+def harary_graph(members: Sequence[PartyId], degree: int) -> dict[PartyId, tuple[PartyId, ...]]:
+    """A random k-regular Harary graph: members on a ring in a uniformly random order
+    (Fisher-Yates with :mod:`secrets`), each linked to the ``degree // 2`` nearest on
+    either side. Degree ``>= len(members) - 1`` gives the complete graph."""
+    order = list(members)
+    m = len(order)
+    half = degree // 2
+    if degree >= m - 1 or 2 * half >= m - 1:
+        return {u: tuple(v for v in sorted(order) if v != u) for u in order}
+    for i in range(m - 1, 0, -1):
+        j = secrets.randbelow(i + 1)
+        order[i], order[j] = order[j], order[i]
+    graph: dict[PartyId, tuple[PartyId, ...]] = {}
+    for pos, u in enumerate(order):
+        graph[u] = tuple(sorted(order[(pos + off) % m] for off in range(-half, half + 1) if off))
+    return graph
+
+
+def word_dtype(slot_bits: int) -> np.dtype[Any]:
+    """Masks are added in uint32 words when ``b <= 32``, else in uint64 words."""
+    return np.dtype(np.uint32) if slot_bits <= 32 else np.dtype(np.uint64)

@@ -1,0 +1,237 @@
+"""The aggregator's side of a masking run: relay keys and sealed shares, add masked inputs,
+decide who survived, and unmask only the sum.
+
+The server holds public keys, sealed shares it cannot open, the running sum of masked inputs
+and the shares clients reveal to it: for each client either its self-mask seed (it uploaded)
+or its mask key (it was lost after sharing), never both. It checks every threshold and the
+survivors' connectivity before asking for a share, so a run without enough survivors aborts
+(:class:`~protocols.errors.ThresholdError`) instead of releasing a wrong or partial sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from ..base import Outgoing, ServerParty, StageGate
+from ..encoding import decode_sum
+from ..errors import AbortedError, EncodingError, StageError, ThresholdError, WireError
+from ..messages import ReleasedSum
+from ..primitives import shamir
+from ..primitives.prg import MaskExpander, Words
+from ..session import SumRequest
+from ..transcript import Exposure
+from ..wire import SERVER, Envelope, PartyId
+from .keys import agree, check_public, load_public, pair_seed, raw_public, self_seed
+from .messages import (
+    KeyAdvert,
+    NeighbourKeys,
+    SealedShares,
+    Stage,
+    UnmaskRequest,
+    UnmaskResponse,
+    masked_from_bytes,
+)
+from .parameters import GroupParameters, harary_graph, word_dtype
+
+__all__ = ["MaskingServer"]
+
+
+class MaskingServer(ServerParty):
+    """The aggregator: relays keys and sealed shares, adds masked inputs, unmasks the sum."""
+
+    def __init__(self, *, protocol: str, run_id: bytes, request: SumRequest, params: GroupParameters,
+                 clients: tuple[PartyId, ...]) -> None:
+        super().__init__(protocol=protocol, run_id=run_id, request=request, clients=clients,
+                         audience=request.participants)
+        assert request.spec is not None
+        self.spec, self.params, self.reveal = request.spec, params, request.reveal
+        self.participants = request.participants
+        self.party_set = frozenset(request.participants)
+        self.dtype = word_dtype(self.spec.slot_bits)
+        self.gate = StageGate(run_id, protocol, SERVER)
+        self.gate.open = {Stage.ADVERTISE_KEYS}
+        self.stage = Stage.ADVERTISE_KEYS
+        self.keys: dict[PartyId, KeyAdvert] = {}
+        self._seen_keys: set[bytes] = set()
+        self.graph: dict[PartyId, tuple[PartyId, ...]] = {}
+        self.bundles: dict[PartyId, dict[PartyId, bytes]] = {}
+        self.shared: tuple[PartyId, ...] = ()
+        self.total: Words = np.zeros(self.spec.length, dtype=self.dtype)
+        self.requests: dict[PartyId, UnmaskRequest] = {}
+        self.responses: dict[PartyId, UnmaskResponse] = {}
+
+    @property
+    def threshold(self) -> int:
+        return self.params.threshold
+
+    def _send(self, stage: Stage, receiver: PartyId, payload: bytes, exposure: Exposure) -> Outgoing:
+        return Outgoing(Envelope(self.protocol, stage, self.run_id, SERVER, receiver, payload), exposure)
+
+    def receive(self, env: Envelope) -> list[Outgoing]:
+        if env.stage == Stage.ADVERTISE_KEYS:
+            self.gate.check(env, allowed_senders=self.participants)
+            advert = KeyAdvert.from_bytes(env.payload)
+            check_public(advert.channel_key)
+            check_public(advert.mask_key)
+            if advert.channel_key == advert.mask_key or {advert.channel_key, advert.mask_key} & self._seen_keys:
+                raise WireError("a public key was advertised twice")
+            self.gate.record(env)
+            self.keys[env.sender] = advert
+            self._seen_keys |= {advert.channel_key, advert.mask_key}
+        elif env.stage == Stage.SHARE_KEYS:
+            self.gate.check(env, allowed_senders=tuple(self.graph))
+            bundle = SealedShares.from_bytes(env.payload, parties=self.party_set)
+            if tuple(pid for pid, _ in bundle.entries) != self.graph[env.sender]:
+                raise StageError("shares must go to exactly the sender's neighbours")
+            self.gate.record(env)
+            self.bundles[env.sender] = dict(bundle.entries)
+        elif env.stage == Stage.UPLOAD:
+            self.gate.check(env, allowed_senders=self.shared)
+            words = masked_from_bytes(env.payload, spec=self.spec, dtype=self.dtype)
+            self.gate.record(env)
+            with self.timed("aggregate"):
+                np.add(self.total, words, out=self.total)
+        else:  # unmasking, once open; any other stage is refused by the gate
+            self.gate.check(env, allowed_senders=tuple(self.requests))
+            response = UnmaskResponse.from_bytes(env.payload, self.requests[env.sender])
+            self.gate.record(env)
+            self.responses[env.sender] = response
+        return []
+
+    def advance(self) -> list[Outgoing]:
+        if self.stage == Stage.ADVERTISE_KEYS:
+            return self._after_advertise()
+        if self.stage == Stage.SHARE_KEYS:
+            return self._after_share_keys()
+        if self.stage == Stage.UPLOAD:
+            return self._after_upload()
+        if self.stage == Stage.UNMASKING:
+            return self._after_unmasking()
+        raise AbortedError("the run is already over")
+
+    def _need(self, count: int, what: str) -> None:
+        if count < self.threshold:
+            raise ThresholdError(f"{what}: {count} < threshold {self.threshold}")
+
+    def _after_advertise(self) -> list[Outgoing]:
+        advertised = sorted(self.keys)
+        self._need(len(advertised), "clients that advertised keys")
+        self.graph = harary_graph(advertised, self.params.degree)
+        out = []
+        for pid in advertised:
+            entries = tuple((v, self.keys[v].channel_key, self.keys[v].mask_key) for v in self.graph[pid])
+            out.append(self._send(Stage.SHARE_KEYS, pid, NeighbourKeys(entries).to_bytes(), Exposure.public()))
+        self.stage = Stage.SHARE_KEYS
+        self.gate.open = {Stage.SHARE_KEYS}
+        return out
+
+    def _after_share_keys(self) -> list[Outgoing]:
+        shared = set(self.bundles)
+        self._need(len(shared), "clients that shared their keys")
+        for pid in shared:
+            self._need(1 + sum(v in shared for v in self.graph[pid]), f"holders of client {pid}'s shares")
+        self.shared = tuple(sorted(shared))
+        out = []
+        for pid in self.shared:
+            entries = tuple((owner, self.bundles[owner][pid]) for owner in self.graph[pid] if owner in shared)
+            out.append(self._send(Stage.UPLOAD, pid, SealedShares(entries).to_bytes(), Exposure.sealed()))
+        self.bundles = {}
+        self.stage = Stage.UPLOAD
+        self.gate.open = {Stage.UPLOAD}
+        return out
+
+    def _after_upload(self) -> list[Outgoing]:
+        uploaded = self.gate.senders(Stage.UPLOAD)
+        lost = set(self.shared) - uploaded
+        self._need(len(uploaded), "clients that uploaded")
+        for pid in uploaded:
+            self._need(1 + sum(v in uploaded for v in self.graph[pid]), f"surviving holders of client {pid}'s seed")
+        for pid in lost:
+            holders = sum(v in uploaded for v in self.graph[pid])
+            if holders:
+                self._need(holders, f"surviving holders of lost client {pid}'s key")
+        if not self._connected(uploaded):
+            raise AbortedError("the surviving clients' masking graph fell apart: unmasking would "
+                               "reveal partial sums")
+        self.contributors = tuple(sorted(uploaded))
+        out = []
+        for pid in self.contributors:
+            survivors = tuple(sorted([pid, *(v for v in self.graph[pid] if v in uploaded)]))
+            dropped = tuple(v for v in self.graph[pid] if v in lost)
+            self.requests[pid] = UnmaskRequest(survivors, dropped)
+            out.append(self._send(Stage.UNMASKING, pid, self.requests[pid].to_bytes(), Exposure.public()))
+        self.stage = Stage.UNMASKING
+        self.gate.open = {Stage.UNMASKING}
+        return out
+
+    def _connected(self, nodes: set[PartyId]) -> bool:
+        if not nodes:
+            return False
+        start = min(nodes)
+        seen, frontier = {start}, [start]
+        while frontier:
+            u = frontier.pop()
+            for v in self.graph[u]:
+                if v in nodes and v not in seen:
+                    seen.add(v)
+                    frontier.append(v)
+        return seen == nodes
+
+    def _revealed(self) -> tuple[dict[PartyId, list[shamir.Point]], dict[PartyId, list[shamir.Point]]]:
+        """Revealed shares by owner: self-mask seeds, mask keys (one pass over the responses)."""
+        seeds: dict[PartyId, list[shamir.Point]] = {}
+        keys: dict[PartyId, list[shamir.Point]] = {}
+        for holder, response in self.responses.items():
+            request = self.requests[holder]
+            for owner, y in zip(request.survivors, response.self_mask_shares):
+                seeds.setdefault(owner, []).append((holder + 1, y))
+            for owner, y in zip(request.dropped, response.key_shares):
+                keys.setdefault(owner, []).append((holder + 1, y))
+        return seeds, keys
+
+    def _recover(self, owner: PartyId, points: list[shamir.Point], what: str) -> bytes:
+        self._need(len(points), f"revealed shares of client {owner}'s {what}")
+        try:
+            return shamir.combine(points, self.threshold)
+        except WireError as error:
+            raise AbortedError(f"client {owner}'s {what} could not be recovered: {error}") from error
+
+    def _after_unmasking(self) -> list[Outgoing]:
+        self.gate.open = set()
+        uploaded = set(self.contributors)
+        lost = sorted(v for v in self.shared if v not in uploaded)
+        with self.timed("finalize"):
+            seeds, keys = self._revealed()
+            add: list[bytes] = []
+            subtract = [self_seed(self._recover(pid, seeds.get(pid, []), "seed"), protocol=self.protocol,
+                                  run_id=self.run_id, owner=pid)
+                        for pid in self.contributors]
+            for pid in lost:
+                survivors = [v for v in self.graph[pid] if v in uploaded]
+                if not survivors:
+                    continue
+                key = X25519PrivateKey.from_private_bytes(self._recover(pid, keys.get(pid, []), "key"))
+                if raw_public(key) != self.keys[pid].mask_key:
+                    raise AbortedError(f"client {pid}'s recovered mask key does not match its advertised key")
+                for v in survivors:
+                    seed = pair_seed(agree(key, load_public(self.keys[v].mask_key)), protocol=self.protocol,
+                                     run_id=self.run_id, u=pid, v=v)
+                    # v added PRG(s) when v < pid and subtracted it otherwise: undo that.
+                    (subtract if v < pid else add).append(seed)
+            total = self.total
+            MaskExpander(self.spec.length, self.dtype).accumulate(total, add=add, subtract=subtract)
+            if self.spec.slot_bits < 8 * self.dtype.itemsize:
+                np.bitwise_and(total, self.dtype.type((1 << self.spec.slot_bits) - 1), out=total)
+            encoded = total.astype(np.uint64)
+            try:
+                self.result = decode_sum(self.spec, encoded, contributors=len(self.contributors))
+            except EncodingError as error:
+                raise AbortedError(f"the unmasked sum is impossible, refusing to release it: {error}") from error
+        self.finished = True
+        self.stage = Stage.RESULT
+        if not self.reveal.clients:
+            return []
+        payload = ReleasedSum(self.contributors, encoded).to_bytes(parties=self.clients)
+        exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
+        return [self._send(Stage.RESULT, pid, payload, exposure) for pid in self.contributors]
