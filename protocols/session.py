@@ -193,10 +193,6 @@ class ServerSession(ABC):
         """Largest absolute error of one entry of a decoded sum; approximate protocols add their own."""
         return spec.sum_error_bound(contributors)
 
-    def params(self, request: SumRequest) -> bytes:
-        """Public parameters of a run that the clients need (``SumRequest.params``)."""
-        return b""
-
 
 class ClientSession(ABC):
     """One client's long-lived state for one protocol (its own keys only)."""

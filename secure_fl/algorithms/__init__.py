@@ -37,7 +37,7 @@ from secure_fl.algorithms.climb import Climb, ClimbParams  # noqa: F401  (regist
 from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
 from secure_fl.algorithms.fedprox import FedProx, FedProxParams
 from secure_fl.algorithms.fedshift import FedShift, FedShiftParams  # noqa: F401  (registers 'fedshift')
-from secure_fl.algorithms.local import (
+from secure_fl.training import (
     ClientData,
     FlatLayout,
     LocalObjective,

@@ -50,7 +50,7 @@ import numpy.typing as npt
 import torch
 
 from protocols import PolicyError
-from secure_fl.algorithms.local import (
+from secure_fl.training import (
     ClientData,
     FlatLayout,
     LocalObjective,
@@ -64,12 +64,12 @@ from secure_fl.stats import (
     Learned,
     Release,
     StatisticDeclaration,
-    StatsCoordinator,
     UpdateSettings,
 )
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGD
+    from secure_fl.stats.coordinator import StatsCoordinator
     from secure_fl.stats.updates import UpdateSum
 
 __all__ = [

@@ -15,7 +15,7 @@ from secure_fl.algorithms.base import (
     ServerRound,
     register_algorithm,
 )
-from secure_fl.algorithms.local import LocalObjective
+from secure_fl.training import LocalObjective
 
 __all__ = ["FedAvg", "FedAvgClient", "FedAvgParams", "FedAvgServer"]
 

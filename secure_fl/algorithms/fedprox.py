@@ -9,7 +9,7 @@ import torch
 
 from secure_fl.algorithms.base import ClientContext, Method, register_algorithm
 from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from secure_fl.algorithms.local import LocalObjective
+from secure_fl.training import LocalObjective
 
 __all__ = ["FedProx", "FedProxClient", "FedProxParams"]
 

@@ -21,7 +21,7 @@ import torch
 
 from secure_fl.algorithms.base import ClientContext, Method, register_algorithm
 from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from secure_fl.algorithms.local import LocalObjective
+from secure_fl.training import LocalObjective
 
 __all__ = ["Reweighting", "ReweightingClient", "ReweightingParams", "inverse_frequency_weights"]
 

@@ -27,7 +27,7 @@ from secure_fl.algorithms.base import (
     register_algorithm,
 )
 from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from secure_fl.algorithms.local import LocalObjective
+from secure_fl.training import LocalObjective
 from secure_fl.stats import MODEL_UPDATE
 
 __all__ = ["CONTROL", "CONTROL_UPDATE", "Scaffold", "ScaffoldClient", "ScaffoldParams", "ScaffoldServer"]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from secure_fl.algorithms.local import FlatLayout, output_linear
+from secure_fl.training import FlatLayout, output_linear
 
 __all__ = ["OutputLayerProbe", "auxiliary_set"]
 

@@ -56,7 +56,7 @@ from .samplers import gaussian
 from .sources import RandomSource, random_source
 
 if TYPE_CHECKING:
-    from secure_fl.algorithms.local import ClientData, LocalObjective, LocalResult, LocalTrainer
+    from secure_fl.training import ClientData, LocalObjective, LocalResult, LocalTrainer
 
 __all__ = ["DPSGD", "DPSGDConfig", "DPSGDResult", "DPSGDState", "GradientCorrection", "LossFn", "sample_rate"]
 
@@ -391,7 +391,7 @@ class DPSGD:
         The objective's class weights and logit shift enter the loss; its gradient correction
         is applied to the private gradient. Returns the runtime's ``LocalResult`` and the DP result.
         """
-        from secure_fl.algorithms.local import LocalObjective, LocalResult
+        from secure_fl.training import LocalObjective, LocalResult
 
         objective = objective or LocalObjective()
         trainer.layout.load(start)

@@ -18,7 +18,6 @@ use and keeps nothing in it.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,36 +38,16 @@ from secure_fl.algorithms import (
 )
 from secure_fl.algorithms.base import DP_SGD_STATE
 from secure_fl.runtime.messages import Kind, RuntimeMessage, is_runtime
+from secure_fl.snapshots import dump_state, load_state
 from secure_fl.runtime.rng import Seeds
-from secure_fl.stats import Learned, StatisticDeclaration, StatisticsPlan, StatsParticipant
+from secure_fl.stats import Learned, StatisticDeclaration, StatisticsPlan
+from secure_fl.stats.participant import StatsParticipant
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGD, DPSGDConfig
     from secure_fl.runtime.selection import SelectionClient
 
-__all__ = ["ClientNode", "NodeTelemetry", "dump_state", "load_state"]
-
-
-def dump_state(obj: Any) -> bytes:
-    """Serialise tensors, numbers, strings, bytes and containers of them (moved to the CPU)."""
-    buffer = io.BytesIO()
-    torch.save(_to_cpu(obj), buffer)
-    return buffer.getvalue()
-
-
-def load_state(data: bytes, *, device: torch.device | str = "cpu") -> Any:
-    """Inverse of :func:`dump_state`; refuses anything but plain data (``weights_only``)."""
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+__all__ = ["ClientNode", "NodeTelemetry"]
 
 
 @dataclass

@@ -25,7 +25,8 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from secure_fl.stats import Learned, StatisticDeclaration, StatsCoordinator
+from secure_fl.stats import Learned, StatisticDeclaration
+from secure_fl.stats.coordinator import StatsCoordinator
 
 __all__ = [
     "SELECTION_STRATEGIES",

@@ -38,7 +38,9 @@ from secure_fl.metrics import evaluate_predictions
 from secure_fl.runtime.messages import Kind, RuntimeMessage, is_runtime
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.selection import SelectionContext, SelectionStrategy
-from secure_fl.stats import Release, StatsCoordinator, UpdateSum
+from secure_fl.stats import Release
+from secure_fl.stats.coordinator import StatsCoordinator
+from secure_fl.stats.updates import UpdateSum
 
 __all__ = ["MODEL_BROADCAST", "Mailbox", "RoundOutcome", "ServerLoop"]
 

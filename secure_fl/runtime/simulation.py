@@ -30,11 +30,14 @@ from protocols import LocalNetwork, Transcript
 from secure_fl.algorithms import ClientData, HeldOut, LocalTrainer, LocalTraining, Method, RunInfo
 from secure_fl.losses import Loss
 from secure_fl.privacy import MODEL, RUN, formal_guarantees
-from secure_fl.runtime.node import ClientNode, dump_state, load_state
+from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.selection import SelectionStrategy
 from secure_fl.runtime.server import Mailbox, ServerLoop
-from secure_fl.stats import StatisticsPlan, StatsCoordinator, UpdateSum
+from secure_fl.stats import StatisticsPlan
+from secure_fl.stats.coordinator import StatsCoordinator
+from secure_fl.stats.updates import UpdateSum
+from secure_fl.snapshots import dump_state, load_state
 from secure_fl.store import Checkpoint, RoundPrivacy
 
 if TYPE_CHECKING:

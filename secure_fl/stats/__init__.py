@@ -6,15 +6,16 @@ cohort and gets a :class:`Release` (value when the server learns it, contributor
 clipped count, bytes, protocol, ε); each client's :class:`StatsParticipant` checks the request,
 computes its own contribution, clips, noises and encodes it, and hears what it learned
 (:class:`Learned`). Both sides follow the run's public :class:`StatisticsPlan`.
+
+This package exports what both sides share; the server's side lives in
+:mod:`secure_fl.stats.coordinator` and :mod:`secure_fl.stats.updates`, the client's in
+:mod:`secure_fl.stats.participant`, and neither imports the other (an import-linter contract).
 """
 
-from .coordinator import StatsCoordinator
 from .declaration import LEARNERS, TOTAL_SAMPLES, StatisticDeclaration
 from .noise import DEFAULT_STATISTIC, StatisticPrivacy, StatisticsPrivacy
-from .participant import StatsParticipant
 from .plan import MODEL_UPDATE, Layout, StatisticsPlan, UpdateSettings
 from .release import Learned, Release
-from .updates import UpdateSum
 
 __all__ = [
     "DEFAULT_STATISTIC",
@@ -28,8 +29,5 @@ __all__ = [
     "StatisticPrivacy",
     "StatisticsPlan",
     "StatisticsPrivacy",
-    "StatsCoordinator",
-    "StatsParticipant",
     "UpdateSettings",
-    "UpdateSum",
 ]
