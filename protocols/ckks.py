@@ -9,10 +9,19 @@ Key holder modes:
   decrypts the aggregate; it releases the sum through the server, so the server
   learns the sum (only for statistics the server may learn);
 * ``all``: the agent shares the secret key with every client over sealed channels
-  relayed by the server; the server relays the aggregate ciphertexts and every
-  surviving client decrypts them itself, so the server learns the sum only if asked.
+  relayed by the server; the server relays the aggregate ciphertexts to the run's
+  contributors, each of which decrypts it itself, so the server learns the sum only if asked.
 
-There is no server-held key mode: CKKS here exists to keep inputs from the server.
+There is no server-held key mode: CKKS here exists to keep inputs from the server. The key
+set-up is a run of messages between the parties (:mod:`protocols.ckks_setup`); payloads and
+their strict parsers are in :mod:`protocols.ckks_messages`.
+
+**A sum**, one exchange per stage: ``open`` goes to the participants (and the agent in agent
+mode); participants answer ``upload``. The server adds the ciphertexts and sends
+``aggregate`` to the decryptors (the agent; or with a shared key the contributors, or only
+the releaser when clients are not to learn the sum). The releaser answers ``result`` (the
+rounded encoded sum), and in agent mode the server relays it to the other contributors when
+clients are to learn it. Results and aggregates reach the run's participants only.
 
 **Chunking.** A vector of length ``d`` becomes ``ceil(d / slots)`` ciphertexts, each
 using all ``slots = N/2`` slots (the last one the remainder). An upload is the key
@@ -23,80 +32,77 @@ the ciphertext — no context, no per-ciphertext wrapper — plus a 16-byte chec
 :func:`~protocols.encoding.encode`, in ``[0, entry_max]``) as CKKS reals. The key holder
 decrypts ``sum + e`` with ``|e| <= eps(n, M)`` (see
 :meth:`~protocols.primitives.ckks.CkksParameters.error_bound`; ``M = n * entry_max``) and
-rounds to the nearest integer. Set-up refuses a spec for which ``eps(summands, M) > 1/4``
+rounds to the nearest integer. A spec for which ``eps(summands, M) > 1/4`` is refused
 (:class:`~protocols.errors.CapacityError`), so the rounding is exact and the decoded sum is
 bit-for-bit the one ``plain``, ``paillier`` and ``masking`` produce: its error against the
 real-valued sum is the encoding's ``n * 2**-(frac_bits+1)`` and CKKS adds nothing
-(:meth:`CkksSum.tolerance`). A decryption error above ``eps`` means a corrupted aggregate and
-is refused. Rounding also means what the key holder releases is a function of the inputs
-alone: no decryption noise reaches the server, which could otherwise use it with the
-aggregate ciphertext to attack the secret key (Li–Micciancio, IND-CPA-D).
+(:meth:`CkksServerSession.tolerance`). A decryption error above ``eps`` means a corrupted
+aggregate and is refused. Rounding also means what the key holder releases is a function of
+the inputs alone: no decryption noise reaches the server, which could otherwise use it with
+the aggregate ciphertext to attack the secret key (Li–Micciancio, IND-CPA-D).
 
 **Integrity.** Every upload carries a key fingerprint (SHA-256 of the public context),
 checked before anything is parsed; a ciphertext under another context is refused with
-:class:`~protocols.errors.ForeignKeyError`. The checksum catches corruption in transit
-(half of random bit flips in a zstd-compressed ciphertext still load as a valid, wrong
-ciphertext); it is not authentication — a party that can rewrite an upload can rewrite
-its checksum, and CKKS ciphertexts are malleable, so authenticity is the transport's job.
+:class:`~protocols.errors.ForeignKeyError`. Ciphertext and result payloads end with a
+checksum that catches corruption in transit; it is not authentication — a party that can
+rewrite an upload can rewrite its checksum, and CKKS ciphertexts are malleable, so
+authenticity is the transport's job.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import hmac
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from .base import (
-    DropoutPlan,
-    Outgoing,
-    Party,
-    Reveal,
-    RunContext,
-    SecureSum,
-    ServerParty,
-    StageGate,
-    SumOutcome,
-    Transport,
-    stage_names,
+from .base import Outgoing, Party, Reveal, ServerParty, StageGate
+from .ckks_messages import (
+    KEYHOLDERS,
+    MAX_CONTEXT,
+    PROTOCOL,
+    SetupParams,
+    Stage,
+    SumParams,
+    aggregate_for,
+    read_aggregate,
+    read_result,
+    read_upload,
+    request_digest,
+    write_aggregate,
+    write_result,
+    write_upload,
 )
+from .ckks_setup import CkksSetupClient, CkksSetupServer, ClientKeys
 from .encoding import VectorSpec, decode_sum
 from .errors import (
     AbortedError,
     CapacityError,
     CiphertextError,
     EncodingError,
-    ProtocolError,
+    ForeignKeyError,
+    PolicyError,
     StageError,
     WireError,
 )
-from .messages import read_contributors, write_contributors
 from .primitives import ckks as raw
-from .primitives.channel import ChannelKey, open_sealed, seal
+from .session import ClientSession, ServerSession, SumRequest, as_encoded
 from .transcript import Exposure
 from .wire import SERVER, Envelope, PartyId, Reader, Writer
 
-PROTOCOL = "ckks"
+__all__ = [
+    "PROTOCOL", "ROUNDING_MARGIN", "CkksClient", "CkksClientSession", "CkksOptions", "CkksServer",
+    "CkksServerSession", "ClientKeys", "Stage", "check_capacity",
+]
+
 Keyholder = Literal["agent", "all"]
-CHECKSUM_BYTES = 16
 ROUNDING_MARGIN = 0.25
 """Largest CKKS error (in encoded units) a spec may need; rounding is exact below 1/2."""
-
-
-class Stage(IntEnum):
-    CONTEXT = 1
-    ADVERTISE = 2
-    CHANNEL_KEYS = 3
-    SEALED_KEY = 4
-    UPLOAD = 5
-    AGGREGATE = 6
-    RESULT = 7
+_SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +123,7 @@ class CkksOptions:
     parameters: raw.CkksParameters = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.keyholder not in ("agent", "all"):
+        if self.keyholder not in KEYHOLDERS:
             raise ValueError(f"keyholder must be 'agent' or 'all', got {self.keyholder!r}")
         bits = tuple(self.coeff_mod_bit_sizes)
         object.__setattr__(self, "coeff_mod_bit_sizes", bits)
@@ -126,49 +132,12 @@ class CkksOptions:
         )
 
 
-# --- payloads -----------------------------------------------------------------------------------
-
-def _checksum(body: bytes | memoryview) -> bytes:
-    digest = hashlib.sha256(b"secure-fl/ckks-payload\x00")
-    digest.update(body)
-    return digest.digest()[:CHECKSUM_BYTES]
-
-
-def _write_ciphertexts(writer: Writer, context: raw.PublicContext, streams: list[bytes]) -> bytes:
-    writer.raw(context.fingerprint).u32(len(streams))
-    for stream in streams:
-        writer.blob(stream)
-    body = writer.finish()
-    return body + _checksum(body)
-
-
-def _read_ciphertexts(reader: Reader, context: raw.PublicContext, expected: int) -> list[bytes]:
-    """Fingerprint, then count, then the SEAL streams (size-capped; framing is checked on load)."""
-    raw.check_fingerprint(context.fingerprint, reader.raw(raw.FINGERPRINT_BYTES))
-    count = reader.u32()
-    if count != expected:
-        raise WireError(f"expected {expected} ciphertexts, got {count}")
-    return [reader.blob(max_len=context.layout.max_stream) for _ in range(count)]
-
-
-def _verified(payload: bytes, start: int = 0) -> bytes:
-    """The payload without its checksum, which must match (bytes from ``start`` on are covered)."""
-    if len(payload) < start + CHECKSUM_BYTES:
-        raise WireError("payload truncated: no checksum")
-    view = memoryview(payload)
-    if not hmac.compare_digest(_checksum(view[start:-CHECKSUM_BYTES]), payload[-CHECKSUM_BYTES:]):
-        raise WireError("ciphertext payload failed its checksum (corrupted in transit)")
-    return payload[:-CHECKSUM_BYTES]
-
-
-# --- long-lived key material --------------------------------------------------------------------
-
-class ClientKeys:
-    """What one client keeps between sums: the public context, and the secret key if it decrypts."""
-
-    def __init__(self, public: raw.PublicContext) -> None:
-        self.public = public
-        self.secret: raw.SecretContext | None = None
+def _options(options: Any) -> CkksOptions:
+    if options is None:
+        return CkksOptions()
+    if not isinstance(options, CkksOptions):
+        raise TypeError(f"CKKS takes CkksOptions, got {type(options).__name__}")
+    return options
 
 
 def check_capacity(params: raw.CkksParameters, spec: VectorSpec) -> None:
@@ -188,27 +157,36 @@ def check_capacity(params: raw.CkksParameters, spec: VectorSpec) -> None:
         )
 
 
+def _decoded(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors: int) -> npt.NDArray[np.float64]:
+    try:
+        return decode_sum(spec, encoded_sum, contributors=contributors)
+    except EncodingError as error:
+        raise WireError(f"released sum is impossible: {error}") from error
+
+
 # --- parties of one sum -------------------------------------------------------------------------
 
 class CkksClient(Party):
+    """A client's side of one sum: upload, and decrypt the aggregate when it holds the key."""
+
     def __init__(self, party_id: PartyId, *, run_id: bytes, spec: VectorSpec, keys: ClientKeys,
-                 encoded: npt.NDArray[np.uint64] | None, clients: tuple[PartyId, ...], decrypts: bool) -> None:
+                 encoded: npt.NDArray[np.uint64] | None, clients: tuple[PartyId, ...]) -> None:
         super().__init__(party_id)
         self.run_id, self.spec, self.keys = run_id, spec, keys
-        self.encoded, self.clients, self.decrypts = encoded, clients, decrypts
+        self.encoded, self.clients = encoded, clients
         self.params = keys.public.params
         self.sizes = self.params.chunk_sizes(spec.length)
         self.decryption_error: float | None = None
         """Largest distance of a decrypted slot from its integer, i.e. the CKKS error actually met."""
         self.gate = StageGate(run_id, PROTOCOL, party_id)
-        self.gate.open = {Stage.AGGREGATE, Stage.RESULT} if decrypts else {Stage.RESULT}
+        # A key holder learns the sum by decrypting, never from a released one it cannot check.
+        self.gate.open = {Stage.AGGREGATE} if keys.secret is not None else {Stage.RESULT}
 
     def start(self) -> list[Outgoing]:
         if self.encoded is None:
             return []
         with self.timed("upload"):
-            streams = self.keys.public.encrypt(self.encoded.astype(np.float64))
-            payload = _write_ciphertexts(Writer(), self.keys.public, streams)
+            payload = write_upload(self.keys.public, self.keys.public.encrypt(self.encoded.astype(np.float64)))
         env = Envelope(PROTOCOL, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(env, Exposure.ciphertext(self.spec.length, self.party_id))]
 
@@ -216,39 +194,28 @@ class CkksClient(Party):
         self.gate.check(env, allowed_senders=[SERVER])
         if env.stage == Stage.AGGREGATE:
             return self._decrypt_aggregate(env)
-        reader = Reader(env.payload)
-        contributors = read_contributors(reader, self.clients, self.spec.summands)
-        encoded_sum = reader.u64_array(expected=self.spec.length)
-        reader.end()
-        try:
-            result = decode_sum(self.spec, encoded_sum, contributors=len(contributors))
-        except EncodingError as error:
-            raise WireError(f"released sum is impossible: {error}") from error
+        released = read_result(env.payload, self.spec, self.clients)
+        result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
         self.gate.open = set()
-        self.result = result
+        self.result, self.contributors = result, released.contributors
         return []
 
     def _decrypt_aggregate(self, env: Envelope) -> list[Outgoing]:
-        reader = Reader(_verified(env.payload, start=1))  # the release flag is set per receiver
-        release = reader.u8()
-        if release not in (0, 1):
-            raise WireError("bad release flag")
-        contributors = read_contributors(reader, self.clients, self.spec.summands)
-        streams = _read_ciphertexts(reader, self.keys.public, len(self.sizes))
-        reader.end()
+        release, contributors, streams = read_aggregate(env.payload, self.keys.public, self.spec, self.clients,
+                                                        len(self.sizes))
         secret = self.keys.secret
-        assert secret is not None  # a decrypting client holds the key by construction
+        assert secret is not None  # AGGREGATE opens only at a client holding the key
         with self.timed("finalize"):
             encoded_sum, error = self._round(secret.decrypt(streams, self.sizes), len(contributors))
-            result = decode_sum(self.spec, encoded_sum, contributors=len(contributors))
+            result = _decoded(self.spec, encoded_sum, len(contributors))
         self.gate.record(env)
         self.gate.open = set()
-        self.result, self.decryption_error = result, error
+        self.result, self.contributors, self.decryption_error = result, contributors, error
         if not release:
             return []
-        payload = write_contributors(Writer(), contributors, self.clients).u64_array(encoded_sum).finish()
-        out = Envelope(PROTOCOL, Stage.RESULT, self.run_id, self.party_id, SERVER, payload)
+        out = Envelope(PROTOCOL, Stage.RESULT, self.run_id, self.party_id, SERVER,
+                       write_result(contributors, encoded_sum, self.clients))
         return [Outgoing(out, Exposure.aggregate(len(contributors), self.spec.length))]
 
     def _round(self, values: npt.NDArray[np.float64], contributors: int) -> tuple[npt.NDArray[np.uint64], float]:
@@ -264,13 +231,19 @@ class CkksClient(Party):
 
 
 class CkksServer(ServerParty):
-    def __init__(self, *, run_id: bytes, spec: VectorSpec, context: raw.PublicContext,
-                 clients: tuple[PartyId, ...], decryptors: tuple[PartyId, ...], reveal: Reveal) -> None:
-        super().__init__()
-        self.run_id, self.spec, self.context = run_id, spec, context
-        self.clients, self.decryptors, self.reveal = clients, decryptors, reveal
-        self.sizes = context.params.chunk_sizes(spec.length)
+    """The server's side of one sum: add ciphertexts, hand the aggregate to the decryptors,
+    and (agent mode) relay the released sum to the contributors."""
+
+    def __init__(self, *, run_id: bytes, request: SumRequest, clients: tuple[PartyId, ...],
+                 context: raw.PublicContext, agent: PartyId, shared: bool) -> None:
+        audience = request.participants if shared else (*request.participants, agent)
+        super().__init__(protocol=PROTOCOL, run_id=run_id, request=request, clients=clients, audience=audience)
+        assert request.spec is not None
+        self.spec, self.reveal, self.participants = request.spec, request.reveal, request.participants
+        self.context, self.agent, self.shared = context, agent, shared
+        self.sizes = context.params.chunk_sizes(self.spec.length)
         self.releaser: PartyId | None = None
+        self.decryptors: tuple[PartyId, ...] = ()
         self.gate = StageGate(run_id, PROTOCOL, SERVER)
         self.gate.open = {Stage.UPLOAD}
         self.aggregate: list[raw.CkksVector] | None = None
@@ -278,12 +251,10 @@ class CkksServer(ServerParty):
 
     def receive(self, env: Envelope) -> list[Outgoing]:
         if env.stage == Stage.UPLOAD:
-            self.gate.check(env, allowed_senders=self.clients)
+            self.gate.check(env, allowed_senders=self.participants)
             with self.timed("aggregate"):
-                reader = Reader(_verified(env.payload))
-                streams = _read_ciphertexts(reader, self.context, len(self.sizes))
-                reader.end()
-                vectors = [self.context.load(s, size) for s, size in zip(streams, self.sizes)]
+                streams = read_upload(env.payload, self.context, len(self.sizes))
+                vectors = [self.context.load(s, size) for s, size in zip(streams, self.sizes, strict=True)]
                 if self.aggregate is None:
                     self.aggregate = vectors
                 else:
@@ -292,22 +263,19 @@ class CkksServer(ServerParty):
             self.contributors = tuple(sorted(self.gate.senders(Stage.UPLOAD)))
             return []
         self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
-        reader = Reader(env.payload)
-        contributors = read_contributors(reader, self.clients, self.spec.summands)
-        encoded_sum = reader.u64_array(expected=self.spec.length)
-        reader.end()
-        if contributors != self.contributors:
+        released = read_result(env.payload, self.spec, self.clients)
+        if released.contributors != self.contributors:
             raise StageError("the key holder released a sum over other contributors than were aggregated")
-        try:
-            result = decode_sum(self.spec, encoded_sum, contributors=len(contributors))
-        except EncodingError as error:
-            raise WireError(f"released sum is impossible: {error}") from error
+        result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
         self.gate.open = set()
         self.result = result
         self.finished = True
-        clients_still_waiting = self.reveal.clients and len(self.decryptors) < len(self.clients)
-        return self._broadcast_result(encoded_sum) if clients_still_waiting else []
+        waiting = [pid for pid in self.contributors if pid not in self.decryptors] if self.reveal.clients else []
+        payload = write_result(self.contributors, released.encoded_sum, self.clients)
+        exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
+        return [Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
+                for pid in waiting]
 
     def advance(self) -> list[Outgoing]:
         if self.stage != Stage.UPLOAD:
@@ -316,140 +284,87 @@ class CkksServer(ServerParty):
             raise AbortedError("no client uploaded")
         self.stage = Stage.AGGREGATE
         self.gate.open = set()
-        # One decryptor releases the sum to the server when the server is to learn it: the
-        # agent (lost agent = abort), or with a shared key the first surviving contributor.
-        if len(self.decryptors) == 1 or self.reveal.server:
-            self.releaser = self.decryptors[0] if len(self.decryptors) == 1 else self.contributors[0]
-        streams = [self.context.dump(v) for v in self.aggregate]
-        head = write_contributors(Writer(), self.contributors, self.clients).finish()
-        body = _write_ciphertexts(Writer().raw(head), self.context, streams)
+        # The agent decrypts and releases (a lost agent aborts the run). With a shared key the
+        # contributors decrypt, or only the releaser when the clients are not to learn the sum;
+        # the first contributor releases it when the server is to learn it.
+        if not self.shared:
+            self.decryptors, self.releaser = (self.agent,), self.agent
+        else:
+            first = self.contributors[0]
+            self.decryptors = self.contributors if self.reveal.clients else (first,)
+            self.releaser = first if self.reveal.server else None
+        body = write_aggregate(self.context, self.contributors, self.clients,
+                               [self.context.dump(v) for v in self.aggregate])
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
-        out = [
-            Outgoing(Envelope(PROTOCOL, Stage.AGGREGATE, self.run_id, SERVER, pid,
-                              bytes([pid == self.releaser]) + body), exposure)
-            for pid in self.decryptors
-        ]
+        out = [Outgoing(Envelope(PROTOCOL, Stage.AGGREGATE, self.run_id, SERVER, pid,
+                                 aggregate_for(body, release=pid == self.releaser)), exposure)
+               for pid in self.decryptors]
         if self.releaser is not None:
             self.gate.open = {Stage.RESULT}
         else:
             self.finished = True
         return out
 
-    def _broadcast_result(self, encoded_sum: npt.NDArray[np.uint64]) -> list[Outgoing]:
-        payload = write_contributors(Writer(), self.contributors, self.clients).u64_array(encoded_sum).finish()
-        exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
-        return [Outgoing(Envelope(PROTOCOL, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
-                for pid in self.clients if pid not in self.decryptors]
 
+# --- sessions -----------------------------------------------------------------------------------
 
-# --- the session --------------------------------------------------------------------------------
-
-class CkksSum(SecureSum):
-    """CKKS on TenSEAL: the server adds ciphertexts under a public context, a client-side key holder decrypts."""
+class CkksServerSession(ServerSession):
+    """The server's long-lived CKKS state: its own copy of the public context and the agent's id."""
 
     name = PROTOCOL
-    stage_names = stage_names(Stage)
 
-    def __init__(self, *, clients: tuple[PartyId, ...] | list[PartyId], transport: Transport | None = None,
-                 options: CkksOptions = CkksOptions()) -> None:
-        super().__init__(clients=clients, transport=transport)
-        self.options = options
-        self.params = options.parameters
+    def __init__(self, *, clients: Any, options: Any = None) -> None:
+        super().__init__(clients=clients, options=_options(options))
+        self.options: CkksOptions
         self.agent: PartyId | None = None
-        self.fingerprint: bytes | None = None
-        self.server_context: raw.PublicContext | None = None
-        self._client_keys: dict[PartyId, ClientKeys] = {}
-        self._loaded: dict[bytes, raw.PublicContext | raw.SecretContext] = {}
-        self.last_decryption_error: float | None = None
-        """CKKS error (encoded units) the decryptors of the latest sum met before rounding."""
+        self.context: raw.PublicContext | None = None
 
     @property
     def ready(self) -> bool:
-        return self.server_context is not None
+        return self.context is not None
 
-    def setup(self, *, round: int = -1, statistic: str = "setup") -> None:
-        """The agent makes the keys; the public context reaches the server and the clients
-        through the transport, and with ``keyholder="all"`` the secret key reaches every client
-        sealed. Each party loads (and so validates) the bytes it received."""
-        public_bytes, secret_bytes = raw.generate(self.params)
-        run_id = secrets.token_bytes(16)
-        ctx = self.context(run_id=run_id, round=round, statistic=statistic)
-        self.agent = secrets.choice(self.clients)
-        agent_public = self._public(public_bytes)
-        received = self._carry(ctx, Stage.CONTEXT, self.agent, SERVER, public_bytes, Exposure.public())
-        server_context = raw.PublicContext(received, self.params)  # the server's own copy, never cached
-        if server_context.fingerprint != agent_public.fingerprint:
-            raise ProtocolError("public context altered in transit")
-        keys: dict[PartyId, ClientKeys] = {}
-        for pid in self.clients:
-            if pid == self.agent:
-                keys[pid] = ClientKeys(agent_public)
-                keys[pid].secret = self._secret(secret_bytes, agent_public)
-                continue
-            delivered = self._carry(ctx, Stage.CONTEXT, SERVER, pid, received, Exposure.public())
-            public = self._public(delivered)
-            if public.fingerprint != agent_public.fingerprint:
-                raise ProtocolError("public context altered in transit")
-            keys[pid] = ClientKeys(public)
-        self._client_keys = keys
-        if self.options.keyholder == "all":
-            self._share_secret_key(ctx, secret_bytes)
-        self.server_context = server_context
-        self.fingerprint = agent_public.fingerprint
+    @property
+    def fingerprint(self) -> bytes | None:
+        return None if self.context is None else self.context.fingerprint
 
-    def _public(self, data: bytes) -> raw.PublicContext:
-        """Load a public context; clients that received identical bytes share the loaded object."""
-        key = b"public" + hashlib.sha256(data).digest()
-        loaded = self._loaded.get(key)
-        if not isinstance(loaded, raw.PublicContext):
-            loaded = raw.PublicContext(data, self.params)
-            self._loaded[key] = loaded
-        return loaded
+    def setup(self, *, run_id: bytes, round: int = -1, statistic: str = "setup") -> ServerParty | None:
+        """A set-up run with a fresh agent picked with ``secrets``; ``None`` once keys are set up."""
+        if self.ready:
+            return None
+        params = SetupParams(secrets.choice(self.clients), self.options.keyholder, self.options.parameters)
+        request = SumRequest(kind="setup", statistic=statistic, round=round, spec=None, reveal=Reveal(),
+                             participants=self.clients, params=params.to_bytes(), session=self.tag)
+        return CkksSetupServer(run_id=run_id, request=request, clients=self.clients, params=params,
+                               on_done=self._install)
 
-    def _secret(self, data: bytes, public: raw.PublicContext) -> raw.SecretContext:
-        key = b"secret" + hashlib.sha256(public.fingerprint + data).digest()
-        loaded = self._loaded.get(key)
-        if not isinstance(loaded, raw.SecretContext):
-            loaded = raw.SecretContext(data, public)
-            self._loaded[key] = loaded
-        return loaded
+    def _install(self, context: raw.PublicContext, agent: PartyId) -> None:
+        self.context, self.agent = context, agent
 
-    def _share_secret_key(self, ctx: RunContext, secret_bytes: bytes) -> None:
-        """Agent seals the secret key to each client; the server relays ciphertexts it cannot open."""
-        assert self.agent is not None
-        agent_channel = ChannelKey()
-        channels = {pid: ChannelKey() for pid in self.clients if pid != self.agent}
-        bundle = Writer().blob(agent_channel.public_bytes)
-        for pid, channel in channels.items():
-            self._carry(ctx, Stage.ADVERTISE, pid, SERVER, channel.public_bytes, Exposure.public())
-            bundle.u32(pid).raw(channel.public_bytes)
-        self._carry(ctx, Stage.CHANNEL_KEYS, SERVER, self.agent, bundle.finish(), Exposure.public())
-        for pid, channel in channels.items():
-            associated = ctx.run_id + self.agent.to_bytes(4, "big") + pid.to_bytes(4, "big")
-            sealed = seal(agent_channel, channel.public_bytes, secret_bytes, associated=associated,
-                          purpose=b"ckks-sk")
-            relayed = self._carry(ctx, Stage.SEALED_KEY, self.agent, SERVER, sealed, Exposure.sealed(self.agent))
-            delivered = self._carry(ctx, Stage.SEALED_KEY, SERVER, pid, relayed, Exposure.sealed(self.agent))
-            opened = open_sealed(channel, agent_channel.public_bytes, delivered, associated=associated,
-                                 purpose=b"ckks-sk")
-            keys = self._client_keys[pid]
-            keys.secret = self._secret(opened, keys.public)
+    def check(self, *, spec: VectorSpec, reveal: Reveal) -> None:
+        if self.options.keyholder == "agent" and not reveal.server:
+            raise ValueError("keyholder='agent' releases sums through the server; use keyholder='all' "
+                             "for a sum the server must not learn")
+        check_capacity(self.options.parameters, spec)
 
-    def _carry(self, ctx: RunContext, stage: Stage, sender: PartyId, receiver: PartyId,
-               payload: bytes, exposure: Exposure) -> bytes:
-        env = Envelope(PROTOCOL, stage, ctx.run_id, sender, receiver, payload)
-        delivered = self.transport.carry(Outgoing(env, exposure), ctx)
-        if delivered is None or delivered.stage != stage or delivered.receiver != receiver:
-            raise AbortedError(f"key set-up message {stage.name.lower()} was lost or misrouted")
-        return delivered.payload
+    def params(self, request: SumRequest) -> bytes:
+        assert self.context is not None and self.agent is not None
+        return SumParams(self.context.fingerprint, self.agent, request_digest(request, self.clients)).to_bytes()
 
-    def client_keys(self, party: PartyId) -> ClientKeys:
-        return self._client_keys[party]
+    def open(self, *, run_id: bytes, request: SumRequest) -> ServerParty:
+        if request.kind != "sum" or request.spec is None:
+            raise ValueError("CKKS runs sums (its set-up comes from setup())")
+        self.check(spec=request.spec, reveal=request.reveal)
+        if self.context is None or self.agent is None:
+            raise AbortedError("CKKS keys are not set up: run the set-up first")
+        request = dataclasses.replace(request, session=self.tag)
+        request = dataclasses.replace(request, params=self.params(request))
+        return CkksServer(run_id=run_id, request=request, clients=self.clients, context=self.context,
+                          agent=self.agent, shared=self.options.keyholder == "all")
 
     def error_bound(self, spec: VectorSpec, contributors: int) -> float:
         """``eps(n, M)`` in the spec's units: how far a decrypted sum can be from the exact
         encoded sum before rounding (rounding removes it; see :meth:`tolerance`)."""
-        return self.params.error_bound(contributors, float(contributors * spec.entry_max)) / spec.scale
+        return self.options.parameters.error_bound(contributors, float(contributors * spec.entry_max)) / spec.scale
 
     def tolerance(self, spec: VectorSpec, contributors: int) -> float:
         """Encoding rounding only, ``n * 2**-(frac_bits+1)`` (0 for integers).
@@ -459,32 +374,80 @@ class CkksSum(SecureSum):
         to the integer grid of the encoding, so the result equals the exact sum of the encoded
         inputs.
         """
-        check_capacity(self.params, spec)
+        check_capacity(self.options.parameters, spec)
         return super().tolerance(spec, contributors)
 
-    def _outcome(self, server: ServerParty, clients: Mapping[PartyId, Party], plan: DropoutPlan,
-                 rejected: list[str], run_id: bytes, clipped: int, inputs: Mapping[PartyId, Any]) -> SumOutcome:
-        errors = [p.decryption_error for p in clients.values()
-                  if isinstance(p, CkksClient) and p.decryption_error is not None]
-        self.last_decryption_error = max(errors) if errors else None
-        return super()._outcome(server, clients, plan, rejected, run_id, clipped, inputs)
 
-    def _build(self, *, run_id: bytes, spec: VectorSpec, encoded: Mapping[PartyId, npt.NDArray[np.uint64]],
-               reveal: Reveal, round: int) -> tuple[ServerParty, dict[PartyId, Party]]:
-        mode = self.options.keyholder
-        if mode == "agent" and not reveal.server:
-            raise ValueError("keyholder='agent' releases sums through the server; use keyholder='all' "
-                             "for a sum the server must not learn")
-        check_capacity(self.params, spec)
-        if not self.ready:
-            self.setup(round=round)
-        assert self.server_context is not None and self.agent is not None
-        decryptors = (self.agent,) if mode == "agent" else self.clients
-        server = CkksServer(run_id=run_id, spec=spec, context=self.server_context, clients=self.clients,
-                            decryptors=decryptors, reveal=reveal)
-        clients: dict[PartyId, Party] = {
-            pid: CkksClient(pid, run_id=run_id, spec=spec, keys=self._client_keys[pid],
-                            encoded=encoded.get(pid), clients=self.clients, decrypts=pid in decryptors)
-            for pid in self.clients
-        }
-        return server, clients
+class CkksClientSession(ClientSession):
+    """One client's long-lived CKKS state: the keys it received or made, its own objects only."""
+
+    name = PROTOCOL
+
+    def __init__(self, party: PartyId, *, clients: Any, options: Any = None) -> None:
+        super().__init__(party, clients=clients, options=_options(options))
+        self.options: CkksOptions
+        self.keys: ClientKeys | None = None
+
+    def _install(self, keys: ClientKeys) -> None:
+        self.keys = keys
+
+    def join(self, *, run_id: bytes, request: SumRequest, values: npt.NDArray[Any] | None) -> Party:
+        if request.kind == "setup":
+            params = SetupParams.from_bytes(request.params, clients=self.clients, keyholder=self.options.keyholder,
+                                            parameters=self.options.parameters)
+            return CkksSetupClient(self.party_id, run_id=run_id, params=params, clients=self.clients,
+                                   install=self._install)
+        if request.kind != "sum" or request.spec is None:
+            raise WireError(f"CKKS has no {request.kind!r} runs")
+        run = SumParams.from_bytes(request.params)
+        keys = self.keys
+        if keys is None:
+            raise StageError("no CKKS keys here: the set-up did not reach this client")
+        if run.fingerprint != keys.public.fingerprint:
+            raise ForeignKeyError("the run is under other CKKS keys than this client holds")
+        if run.agent != keys.agent:
+            raise StageError(f"the run names agent {run.agent}, this client's keys came from {keys.agent}")
+        if not hmac.compare_digest(run.request_digest, request_digest(request, self.clients)):
+            raise WireError("the run's request does not match its digest (altered in transit)")
+        check_capacity(self.options.parameters, request.spec)
+        return CkksClient(self.party_id, run_id=run_id, spec=request.spec, keys=keys,
+                          encoded=as_encoded(values, request.spec), clients=self.clients)
+
+    def to_bytes(self) -> bytes:
+        """Version, then (when keys are set up) the agent, the public context and the secret key if held."""
+        writer = Writer().u8(_SNAPSHOT_VERSION)
+        keys = self.keys
+        if keys is None:
+            return writer.u8(0).finish()
+        writer.u8(1).u32(keys.agent).blob(keys.public.data)
+        if keys.secret_bytes is None:
+            return writer.u8(0).finish()
+        return writer.u8(1).blob(keys.secret_bytes).finish()
+
+    def load_bytes(self, data: bytes) -> None:
+        """Restore :meth:`to_bytes`, reloading (so revalidating) every key; nothing changes on error."""
+        reader = Reader(data)
+        if reader.u8() != _SNAPSHOT_VERSION:
+            raise WireError("unknown CKKS client snapshot version")
+        has_keys = reader.u8()
+        if has_keys == 0:
+            reader.end()
+            self.keys = None
+            return
+        if has_keys != 1:
+            raise WireError("bad key flag in a CKKS client snapshot")
+        agent, public_bytes = reader.u32(), reader.blob(max_len=MAX_CONTEXT)
+        has_secret = reader.u8()
+        if has_secret not in (0, 1):
+            raise WireError("bad secret-key flag in a CKKS client snapshot")
+        secret_bytes = reader.blob(max_len=MAX_CONTEXT) if has_secret else None
+        reader.end()
+        if agent not in self.clients:
+            raise WireError(f"snapshot names agent {agent}, not a client of this protocol")
+        decrypts = self.options.keyholder == "all" or agent == self.party_id
+        if decrypts != (secret_bytes is not None):
+            raise PolicyError("snapshot's secret key does not match this client's role "
+                              f"(keyholder={self.options.keyholder!r}, agent {agent})")
+        public = raw.PublicContext(public_bytes, self.options.parameters)
+        secret = None if secret_bytes is None else raw.SecretContext(secret_bytes, public)
+        self.keys = ClientKeys(agent, public, secret, secret_bytes)

@@ -1,4 +1,5 @@
-"""CKKS secure sum: exactness, chunking, dropouts, key handling, and refusal of bad input."""
+"""CKKS secure sum: exactness, chunking, dropouts, key set-up as messages, client snapshots,
+and refusal of bad input."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ts = pytest.importorskip("tenseal")
 
@@ -18,19 +21,45 @@ from protocols import (
     BoundError,
     CapacityError,
     DropoutPlan,
-    InMemoryTransport,
+    ForeignKeyError,
+    LocalNetwork,
+    Message,
+    PolicyError,
     ProtocolError,
     Reveal,
+    SecureSum,
+    StageError,
+    SumRequest,
     VectorSpec,
     Visibility,
+    WireError,
     make_sum,
 )
-from protocols.base import Outgoing
-from protocols.ckks import CkksOptions, CkksSum, Stage, _checksum, _write_ciphertexts
+from protocols import errors as errors_module
+from protocols.ckks import (
+    CkksClient,
+    CkksClientSession,
+    CkksOptions,
+    CkksServerSession,
+    Stage,
+)
+from protocols.ckks_messages import (
+    SetupParams,
+    SumParams,
+    _checksum,
+    _write_ciphertexts,
+    read_context,
+    request_digest,
+)
 from protocols.primitives import ckks as raw
-from protocols.wire import Writer
+from protocols.wire import Envelope, Writer
 
 FLOAT: dict[str, Any] = {"bound": 1.0, "kind": "float", "signed": True}
+PROTOCOL_ERRORS = {
+    name for name, obj in vars(errors_module).items()
+    if isinstance(obj, type) and issubclass(obj, ProtocolError)
+}
+Interceptor = Callable[[bytes, Message], "bytes | None"]
 
 
 def inputs(n: int, d: int, seed: int = 0) -> dict[int, np.ndarray]:
@@ -42,11 +71,41 @@ def plain_total(values: dict[int, np.ndarray], spec: VectorSpec) -> np.ndarray:
     return make_sum("plain", clients=sorted(values)).sum(values, spec=spec).total
 
 
-def rewrite(target: int, stage: Stage, change: Callable[[bytes], bytes]) -> Callable[[bytes, Outgoing], bytes]:
+def keyed(n: int, *, interceptor: Interceptor | None = None, **options: Any) -> SecureSum:
+    """A CKKS harness over ``n`` clients, its keys set up."""
+    session = make_sum("ckks", clients=list(range(n)), network=LocalNetwork(interceptor=interceptor), **options)
+    session.setup()
+    return session
+
+
+def server_of(session: SecureSum) -> CkksServerSession:
+    assert isinstance(session.server, CkksServerSession)
+    return session.server
+
+
+def client_of(session: SecureSum, pid: int) -> CkksClientSession:
+    client = session.client_session(pid)
+    assert isinstance(client, CkksClientSession)
+    return client
+
+
+def agent_of(session: SecureSum) -> int:
+    agent = server_of(session).agent
+    assert agent is not None
+    return agent
+
+
+def decryption_errors(session: SecureSum) -> list[float]:
+    """The CKKS error each decrypting client met in the latest sum (read from the parties)."""
+    return [p.decryption_error for p in session.parties().values()
+            if isinstance(p, CkksClient) and p.decryption_error is not None]
+
+
+def rewrite(target: int, stage: Stage, change: Callable[[bytes], bytes]) -> Interceptor:
     """An interceptor that rewrites the payload of one party's message of one stage."""
-    def intercept(data: bytes, message: Outgoing) -> bytes:
+    def intercept(data: bytes, message: Message) -> bytes:
         env = message.envelope
-        if env.sender == target and env.stage == stage:
+        if env is not None and env.sender == target and env.stage == stage:
             return dataclasses.replace(env, payload=change(env.payload)).to_bytes()
         return data
     return intercept
@@ -56,15 +115,16 @@ def test_sum_of_100_equals_the_exact_fixed_point_sum() -> None:
     n, d = 100, 16
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d)
-    session = CkksSum(clients=list(range(n)))
+    session = make_sum("ckks", clients=list(range(n)))
     out = session.sum(values, spec=spec)
     # Rounding the decrypted sum to the encoding's grid makes CKKS exact: same bits as `plain`.
     assert np.array_equal(out.total, plain_total(values, spec))
     assert np.max(np.abs(out.total - sum(values.values()))) <= session.tolerance(spec, n)
     # The CKKS error actually met before rounding stays below the stated bound eps(n, M).
-    raw_error = session.last_decryption_error
-    bound = session.params.error_bound(n, float(n * spec.entry_max))
-    assert raw_error is not None and 0 < raw_error <= bound < 0.25
+    (raw_error,) = decryption_errors(session)  # one decryptor: the agent
+    bound = server_of(session).options.parameters.error_bound(n, float(n * spec.entry_max))
+    assert 0 < raw_error <= bound < 0.25
+    assert server_of(session).error_bound(spec, n) == pytest.approx(bound / spec.scale)
     print(f"\nn=100: max CKKS error {raw_error:.3g} encoded units "
           f"({raw_error / spec.scale:.3g} in value units), bound eps={bound:.3g}")
     assert out.contributors == tuple(range(n)) and out.dropped == ()
@@ -72,7 +132,7 @@ def test_sum_of_100_equals_the_exact_fixed_point_sum() -> None:
     uploads = [e for e in session.transcript if e.stage == "upload"]
     assert len(uploads) == n and all(e.visibility == Visibility.CIPHERTEXT for e in uploads)
     (to_agent,) = [e for e in session.transcript if e.stage == "aggregate"]
-    assert (to_agent.receiver, to_agent.visibility, to_agent.k) == (session.agent, Visibility.AGGREGATE, n)
+    assert (to_agent.receiver, to_agent.visibility, to_agent.k) == (agent_of(session), Visibility.AGGREGATE, n)
     assert all(e.visibility == Visibility.PUBLIC for e in session.transcript if e.stage == "context")
     assert out.timings.client_upload_median > 0 and out.timings.aggregate > 0 and out.timings.finalize > 0
 
@@ -81,7 +141,7 @@ def test_long_vectors_are_chunked_over_every_slot() -> None:
     n, d = 3, 10_000  # > 4096 slots: three ciphertexts, the last one partly filled
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=1)
-    session = CkksSum(clients=list(range(n)))
+    session = make_sum("ckks", clients=list(range(n)))
     out = session.sum(values, spec=spec)
     assert np.array_equal(out.total, plain_total(values, spec))
     # An upload is ceil(d / slots) ciphertexts and a few bytes, no context.
@@ -94,15 +154,16 @@ def test_long_vectors_are_chunked_over_every_slot() -> None:
 
 
 def test_other_parameters_use_their_slot_count() -> None:
-    options = CkksOptions(poly_modulus_degree=16384, coeff_mod_bit_sizes=[60, 50, 60], scale_bits=40)
+    options = CkksOptions(poly_modulus_degree=16384, coeff_mod_bit_sizes=(60, 50, 60), scale_bits=40)
     assert options.coeff_mod_bit_sizes == (60, 50, 60) and options.parameters.slots == 8192
     n, d = 2, 10_000
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=2)
-    session = CkksSum(clients=[0, 1], options=options)
+    session = SecureSum("ckks", clients=[0, 1], options=options)
     assert np.array_equal(session.sum(values, spec=spec).total, plain_total(values, spec))
-    assert session.server_context is not None
-    assert len(session.server_context.encrypt(np.zeros(d))) == 2
+    context = server_of(session).context
+    assert context is not None
+    assert len(context.encrypt(np.zeros(d))) == 2
 
 
 def test_clients_silent_at_upload_are_left_out() -> None:
@@ -110,56 +171,135 @@ def test_clients_silent_at_upload_are_left_out() -> None:
     spec = VectorSpec(length=d, summands=n, kind="int", bound=1000)
     rng = np.random.default_rng(3)
     values = {i: rng.integers(0, 1001, d) for i in range(n)}
-    session = CkksSum(clients=list(range(n)))
-    session.setup()
-    silent = [pid for pid in range(n) if pid != session.agent][:2]
+    session = keyed(n)
+    silent = [pid for pid in range(n) if pid != agent_of(session)][:2]
     out = session.sum(values, spec=spec, dropouts=DropoutPlan({pid: "upload" for pid in silent}))
     survivors = sorted(set(range(n)) - set(silent))
     assert out.contributors == tuple(survivors) and out.dropped == tuple(sorted(silent))
-    assert np.array_equal(out.total, sum(values[p] for p in survivors).astype(float))
+    assert np.array_equal(out.total, np.sum([values[p] for p in survivors], axis=0).astype(float))
+    # The silent clients get no result: it goes to the contributors only.
+    results_to = {e.receiver for e in session.transcript.select(run_id=out.run_id) if e.stage == "result"}
+    assert results_to == {SERVER, *(p for p in survivors if p != agent_of(session))}
 
 
 def test_server_context_has_no_secret_and_no_galois_keys() -> None:
     seen: list[tuple[int, bytes]] = []
 
-    def record(data: bytes, message: Outgoing) -> bytes:
-        if message.envelope.stage == Stage.CONTEXT:
-            seen.append((message.envelope.receiver, message.envelope.payload))
+    def record(data: bytes, message: Message) -> bytes:
+        env = message.envelope
+        if env is not None and env.stage == Stage.CONTEXT:
+            seen.append((env.receiver, read_context(env.payload)))
         return data
 
-    session = CkksSum(clients=[0, 1, 2], transport=InMemoryTransport(interceptor=record))
-    session.setup()
-    assert {receiver for receiver, _ in seen} == {SERVER, *(p for p in range(3) if p != session.agent)}
+    session = keyed(3, interceptor=record)
+    agent = agent_of(session)
+    assert {receiver for receiver, _ in seen} == {SERVER, *(p for p in range(3) if p != agent)}
     for _, payload in seen:
         ctx = ts.context_from(payload)
         assert not ctx.is_private() and not ctx.has_secret_key()
         assert not ctx.has_galois_keys() and not ctx.has_relin_keys()
         assert ctx.has_public_key()
-    assert session.server_context is not None and session.server_context.data == seen[0][1]
+    context = server_of(session).context
+    assert context is not None and context.data == seen[0][1]
+    assert all(payload == seen[0][1] for _, payload in seen)
     # A context carrying a secret key is refused as a public one.
-    _, secret = raw.generate(session.params)
+    params = CkksOptions().parameters
+    _, secret = raw.generate(params)
     with pytest.raises(ProtocolError):
-        raw.PublicContext(secret, session.params)
+        raw.PublicContext(secret, params)
+
+
+def _server_inbox(store: list[bytes]) -> Interceptor:
+    def record(data: bytes, message: Message) -> bytes:
+        if message.envelope is not None and message.envelope.receiver == SERVER:
+            store.append(data)
+        return data
+    return record
+
+
+def test_agent_mode_set_up_is_messages_and_only_the_agent_holds_the_key() -> None:
+    to_server: list[bytes] = []
+    session = keyed(4, interceptor=_server_inbox(to_server))
+    agent = agent_of(session)
+    # The set-up request names the agent (strictly parsed by each client from its `open`).
+    opens = [e for e in session.transcript if e.stage == "open"]
+    assert {e.receiver for e in opens} == set(range(4))
+    stages = [(e.stage, e.sender, e.receiver) for e in session.transcript if e.stage != "open"]
+    others = [p for p in range(4) if p != agent]
+    assert sorted(stages) == sorted([("context", agent, SERVER)]
+                                    + [("context", SERVER, p) for p in others]
+                                    + [("confirm", p, SERVER) for p in others])
+    keys = {pid: client_of(session, pid).keys for pid in range(4)}
+    assert all(k is not None and k.agent == agent for k in keys.values())
+    assert [pid for pid, k in keys.items() if k is not None and k.secret is not None] == [agent]
+    agent_keys = keys[agent]
+    assert agent_keys is not None and agent_keys.secret_bytes is not None
+    secret = agent_keys.secret_bytes
+    assert all(secret not in data for data in to_server)
+    # Every party loaded its own objects from its own bytes: nothing is shared.
+    contexts = [server_of(session).context] + [k.public for k in keys.values() if k is not None]
+    assert len({id(c) for c in contexts}) == 5 and len({id(c._ctx) for c in contexts if c is not None}) == 5
+    assert len({c.fingerprint for c in contexts if c is not None}) == 1
 
 
 def test_all_mode_every_client_decrypts_and_the_key_travels_sealed() -> None:
     n, d = 4, 12
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=4)
-    session = CkksSum(clients=list(range(n)), options=CkksOptions(keyholder="all"))
+    to_server: list[bytes] = []
+    session = make_sum("ckks", clients=list(range(n)), keyholder="all",
+                       network=LocalNetwork(interceptor=_server_inbox(to_server)))
     out = session.sum(values, spec=spec, reveal=Reveal(server=False))
+    agent = agent_of(session)
     assert out.learned_by == frozenset(range(n))
     assert np.array_equal(out.total, plain_total(values, spec))
+    assert len(decryption_errors(session)) == n
     keys = [e for e in session.transcript if e.stage == "sealed_key"]
-    assert len(keys) == 2 * (n - 1) and all(e.visibility == Visibility.SEALED for e in keys)
+    assert all(e.visibility == Visibility.SEALED for e in keys)
+    # One bundle from the agent, then one sealed key relayed to each other client.
+    assert sorted((e.sender, e.receiver) for e in keys) == sorted(
+        [(agent, SERVER)] + [(SERVER, p) for p in range(n) if p != agent])
+    advertised = {e.sender for e in session.transcript if e.stage == "advertise"}
+    assert advertised == set(range(n)) - {agent}
+    secrets_held = {client_of(session, p).keys.secret_bytes for p in range(n)}  # type: ignore[union-attr]
+    (secret,) = secrets_held
+    assert secret is not None and all(secret not in data for data in to_server)
     aggregates = [e for e in session.transcript if e.stage == "aggregate"]
     assert {e.receiver for e in aggregates} == set(range(n))
+    assert not any(e.receiver == SERVER and e.visibility == Visibility.AGGREGATE for e in session.transcript)
+
+
+def test_all_mode_hides_the_sum_from_other_clients_when_only_the_server_learns() -> None:
+    spec = VectorSpec(length=5, summands=3, **FLOAT)
+    values = inputs(3, 5, seed=11)
+    session = keyed(3, keyholder="all")
+    out = session.sum(values, spec=spec, reveal=Reveal(clients=False))
+    assert np.array_equal(out.total, plain_total(values, spec))
+    (aggregate,) = [e for e in session.transcript.select(run_id=out.run_id) if e.stage == "aggregate"]
+    assert out.learned_by == frozenset([SERVER, aggregate.receiver])
+
+
+def test_results_and_aggregates_reach_participants_only() -> None:
+    n, d = 5, 6
+    spec = VectorSpec(length=d, summands=n, **FLOAT)
+    session = keyed(n)
+    agent = agent_of(session)
+    bystander, *participants = [p for p in range(n) if p != agent]
+    values = {p: v for p, v in inputs(n, d, seed=12).items() if p in participants}
+    out = session.sum(values, spec=spec)
+    assert np.array_equal(out.total, plain_total(values, spec))
+    entries = session.transcript.select(run_id=out.run_id)
+    assert not any(bystander in (e.sender, e.receiver) for e in entries)
+    # The agent is opened at (it decrypts) but uploads nothing.
+    assert {(e.stage, e.sender) for e in entries if agent in (e.sender, e.receiver)} == {
+        ("open", SERVER), ("aggregate", SERVER), ("result", agent)}
+    assert out.learned_by == frozenset([SERVER, agent, *participants])
 
 
 def test_agent_mode_refuses_a_sum_hidden_from_the_server() -> None:
     spec = VectorSpec(length=4, summands=2, **FLOAT)
     with pytest.raises(ValueError, match="keyholder='all'"):
-        CkksSum(clients=[0, 1]).sum(inputs(2, 4), spec=spec, reveal=Reveal(server=False))
+        make_sum("ckks", clients=[0, 1]).sum(inputs(2, 4), spec=spec, reveal=Reveal(server=False))
 
 
 def test_ciphertexts_under_a_foreign_context_are_refused() -> None:
@@ -168,11 +308,9 @@ def test_ciphertexts_under_a_foreign_context_are_refused() -> None:
     values = inputs(n, d, seed=5)
     foreign = raw.PublicContext(raw.generate(CkksOptions().parameters)[0], CkksOptions().parameters)
     forged = foreign.encrypt(np.zeros(d))
-    transport = InMemoryTransport()
-    session = CkksSum(clients=list(range(n)), transport=transport)
-    session.setup()
-    victim = next(pid for pid in range(n) if pid != session.agent)
-    transport.interceptor = rewrite(victim, Stage.UPLOAD, lambda _: _write_ciphertexts(Writer(), foreign, forged))
+    session = keyed(n)
+    victim = next(pid for pid in range(n) if pid != agent_of(session))
+    session.network.interceptor = rewrite(victim, Stage.UPLOAD, lambda _: _write_ciphertexts(Writer(), foreign, forged))
     out = session.sum(values, spec=spec)
     assert len(out.rejected) == 1 and out.rejected[0].startswith("ForeignKeyError")
     others = {p: v for p, v in values.items() if p != victim}
@@ -186,19 +324,19 @@ def test_a_forged_fingerprint_aborts_instead_of_releasing_garbage() -> None:
     spec = VectorSpec(length=8, summands=3, **FLOAT)
     params = CkksOptions().parameters
     foreign = raw.PublicContext(raw.generate(params)[0], params)
-    transport = InMemoryTransport()
-    session = CkksSum(clients=[0, 1, 2], transport=transport)
-    session.setup()
-    assert session.fingerprint is not None
-    victim = next(pid for pid in range(3) if pid != session.agent)
+    session = keyed(3)
+    fingerprint = server_of(session).fingerprint
+    assert fingerprint is not None
+    victim = next(pid for pid in range(3) if pid != agent_of(session))
 
     def forge(_: bytes) -> bytes:
-        body = Writer().raw(session.fingerprint or b"").u32(1).blob(foreign.encrypt(np.zeros(8))[0]).finish()
+        body = Writer().raw(fingerprint).u32(1).blob(foreign.encrypt(np.zeros(8))[0]).finish()
         return body + _checksum(body)
 
-    transport.interceptor = rewrite(victim, Stage.UPLOAD, forge)
+    session.network.interceptor = rewrite(victim, Stage.UPLOAD, forge)
     with pytest.raises(AbortedError):
         session.sum(inputs(3, 8), spec=spec)
+    assert session.parties()[agent_of(session)].result is None
 
 
 MUTATIONS: dict[str, Callable[[bytes], bytes]] = {
@@ -218,11 +356,9 @@ def test_tampered_uploads_are_rejected_and_the_others_summed(mutation: str) -> N
     n, d = 4, 10
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=6)
-    transport = InMemoryTransport()
-    session = CkksSum(clients=list(range(n)), transport=transport)
-    session.setup()
-    victim = next(pid for pid in range(n) if pid != session.agent)
-    transport.interceptor = rewrite(victim, Stage.UPLOAD, MUTATIONS[mutation])
+    session = keyed(n)
+    victim = next(pid for pid in range(n) if pid != agent_of(session))
+    session.network.interceptor = rewrite(victim, Stage.UPLOAD, MUTATIONS[mutation])
     out = session.sum(values, spec=spec)
     assert len(out.rejected) == 1 and out.rejected[0].split(":")[0] in {"WireError", "ForeignKeyError"}
     others = {p: v for p, v in values.items() if p != victim}
@@ -232,11 +368,13 @@ def test_tampered_uploads_are_rejected_and_the_others_summed(mutation: str) -> N
 
 def test_truncated_envelope_is_rejected() -> None:
     spec = VectorSpec(length=6, summands=3, **FLOAT)
-    transport = InMemoryTransport()
-    session = CkksSum(clients=[0, 1, 2], transport=transport)
-    session.setup()
-    victim = next(pid for pid in range(3) if pid != session.agent)
-    transport.interceptor = lambda data, m: data[:-7] if m.envelope.sender == victim else data
+    session = keyed(3)
+    victim = next(pid for pid in range(3) if pid != agent_of(session))
+
+    def cut(data: bytes, m: Message) -> bytes:
+        return data[:-7] if m.envelope is not None and m.envelope.sender == victim else data
+
+    session.network.interceptor = cut
     out = session.sum(inputs(3, 6), spec=spec)
     assert out.contributors == tuple(p for p in range(3) if p != victim)
     assert out.rejected[0].startswith("WireError")
@@ -273,28 +411,24 @@ def test_garbage_ciphertexts_never_escape_as_anything_but_protocol_errors() -> N
 
 def test_a_corrupted_aggregate_is_never_released() -> None:
     spec = VectorSpec(length=6, summands=3, **FLOAT)
-    transport = InMemoryTransport()
-    session = CkksSum(clients=[0, 1, 2], transport=transport)
-    session.setup()
-    flip = lambda p: p[:-100] + bytes([p[-100] ^ 1]) + p[-99:]
-    transport.interceptor = rewrite(SERVER, Stage.AGGREGATE, flip)
+    session = keyed(3)
+    session.network.interceptor = rewrite(SERVER, Stage.AGGREGATE, lambda p: p[:-100] + bytes([p[-100] ^ 1]) + p[-99:])
     with pytest.raises(AbortedError):
         session.sum(inputs(3, 6), spec=spec)
+    assert all(p.result is None for p in session.parties().values())
 
 
 @pytest.mark.parametrize("stage", ["upload", "aggregate"])
 def test_losing_the_key_holder_aborts(stage: str) -> None:
     spec = VectorSpec(length=5, summands=4, **FLOAT)
-    session = CkksSum(clients=list(range(4)))
-    session.setup()
-    assert session.agent is not None
+    session = keyed(4)
     with pytest.raises(AbortedError):
-        session.sum(inputs(4, 5), spec=spec, dropouts=DropoutPlan({session.agent: stage}))
+        session.sum(inputs(4, 5), spec=spec, dropouts=DropoutPlan({agent_of(session): stage}))
 
 
 def test_bound_violations_and_oversized_specs() -> None:
     spec = VectorSpec(length=3, summands=2, **FLOAT)
-    session = CkksSum(clients=[0, 1])
+    session = make_sum("ckks", clients=[0, 1])
     bad = {0: np.array([0.5, 1.5, 0.0]), 1: np.zeros(3)}
     with pytest.raises(BoundError):
         session.sum(bad, spec=spec)
@@ -305,7 +439,12 @@ def test_bound_violations_and_oversized_specs() -> None:
     with pytest.raises(CapacityError):
         session.tolerance(huge, 100)
     with pytest.raises(CapacityError):
-        CkksSum(clients=list(range(100))).sum({0: np.zeros(3)}, spec=huge)
+        make_sum("ckks", clients=list(range(100))).sum({0: np.zeros(3)}, spec=huge)
+    # ...and by every client, should a server open one anyway.
+    base = SumRequest(kind="sum", statistic="sum", round=0, spec=huge, reveal=Reveal(), participants=(0,))
+    request = dataclasses.replace(base, params=server_of(session).params(base))
+    with pytest.raises(CapacityError):
+        client_of(session, 0).join(run_id=bytes(16), request=request, values=None)
 
 
 def test_options_are_validated() -> None:
@@ -322,19 +461,324 @@ def test_options_are_validated() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         CkksOptions().scale_bits = 30  # type: ignore[misc]
     session = make_sum("ckks", clients=[0, 1], keyholder="all", coeff_mod_bit_sizes=[60, 40, 40, 60])
-    assert isinstance(session, CkksSum) and session.options == CkksOptions(keyholder="all")
-    with pytest.raises(ValueError, match="bad options"):
+    assert isinstance(session.server, CkksServerSession) and session.options == CkksOptions(keyholder="all")
+    assert all(client_of(session, p).options == CkksOptions(keyholder="all") for p in (0, 1))
+    with pytest.raises(ValueError, match="key_bits"):
         make_sum("ckks", clients=[0, 1], key_bits=2048)
+    with pytest.raises(TypeError):
+        CkksServerSession(clients=[0, 1], options=object())
 
 
 def test_a_context_altered_in_transit_stops_set_up() -> None:
-    def alter(data: bytes, message: Outgoing) -> bytes:
+    def alter(data: bytes, message: Message) -> bytes:
         env = message.envelope
-        if env.stage == Stage.CONTEXT and env.receiver != SERVER:
+        if env is not None and env.stage == Stage.CONTEXT and env.receiver != SERVER:
             payload = env.payload[:-50] + bytes([env.payload[-50] ^ 1]) + env.payload[-49:]
             return dataclasses.replace(env, payload=payload).to_bytes()
         return data
 
-    session = CkksSum(clients=[0, 1, 2], transport=InMemoryTransport(interceptor=alter))
+    session = make_sum("ckks", clients=[0, 1, 2], network=LocalNetwork(interceptor=alter))
     with pytest.raises(ProtocolError):
         session.setup()
+    assert not session.ready
+
+
+# --- key set-up: losses, strict parameters, sealed keys -----------------------------------------
+
+@pytest.mark.parametrize("keyholder", ["agent", "all"])
+def test_set_up_needs_every_client(keyholder: str) -> None:
+    dropping = [True]
+
+    def drop_first_confirm(data: bytes, message: Message) -> bytes | None:
+        env = message.envelope
+        if dropping[0] and env is not None and env.stage == Stage.CONFIRM:
+            dropping[0] = False
+            return None
+        return data
+
+    session = make_sum("ckks", clients=[0, 1, 2], keyholder=keyholder,
+                       network=LocalNetwork(interceptor=drop_first_confirm))
+    with pytest.raises(AbortedError, match="did not confirm"):
+        session.setup()
+    assert not session.ready
+    # Nothing lost now: a fresh set-up (another run, maybe another agent) succeeds.
+    session.setup()
+    assert session.ready
+
+
+def test_a_sealed_key_moved_to_another_client_fails_to_open() -> None:
+    held: dict[int, bytes] = {}
+
+    def swap(data: bytes, message: Message) -> bytes:
+        env = message.envelope
+        if env is None or env.stage != Stage.SEALED_KEY or env.sender != SERVER:
+            return data
+        held[env.receiver] = env.payload
+        other = next(iter(p for p in held if p != env.receiver), None)
+        return data if other is None else dataclasses.replace(env, payload=held[other]).to_bytes()
+
+    session = make_sum("ckks", clients=[0, 1, 2], keyholder="all", network=LocalNetwork(interceptor=swap))
+    with pytest.raises(AbortedError, match="did not confirm"):
+        session.setup()
+
+
+def test_set_up_parameters_are_parsed_strictly() -> None:
+    params = CkksOptions().parameters
+    good = SetupParams(1, "agent", params).to_bytes()
+
+    def parse(data: bytes, *, clients: tuple[int, ...] = (0, 1, 2), keyholder: str = "agent",
+              parameters: raw.CkksParameters = params) -> SetupParams:
+        return SetupParams.from_bytes(data, clients=clients, keyholder=keyholder, parameters=parameters)
+
+    assert parse(good) == SetupParams(1, "agent", params)
+    with pytest.raises(WireError):
+        parse(good + b"\x00")
+    with pytest.raises(WireError):
+        parse(good[:-1])
+    with pytest.raises(WireError):
+        parse(good, clients=(0, 2))  # the named agent is not a client
+    with pytest.raises(WireError):
+        parse(good[:4] + b"\x07" + good[5:])  # unknown key-holder mode
+    with pytest.raises(PolicyError):
+        parse(good, keyholder="all")
+    with pytest.raises(ForeignKeyError):
+        parse(good, parameters=CkksOptions(scale_bits=30).parameters)
+    # A client refuses a set-up for another mode through its session too.
+    client = CkksClientSession(0, clients=[0, 1, 2], options=CkksOptions(keyholder="all"))
+    request = SumRequest(kind="setup", statistic="setup", round=-1, spec=None, reveal=Reveal(),
+                         participants=(0, 1, 2), params=good)
+    with pytest.raises(PolicyError):
+        client.join(run_id=bytes(16), request=request, values=None)
+
+
+def test_a_sum_under_other_keys_or_before_set_up_is_refused() -> None:
+    spec = VectorSpec(length=4, summands=2, **FLOAT)
+    session = keyed(2)
+    fingerprint, agent = server_of(session).fingerprint, agent_of(session)
+    assert fingerprint is not None
+    base = SumRequest(kind="sum", statistic="sum", round=0, spec=spec, reveal=Reveal(), participants=(0, 1))
+    digest = request_digest(base, (0, 1))
+    client = client_of(session, 0)
+    cases: list[tuple[type[ProtocolError], bytes]] = [
+        (ForeignKeyError, SumParams(bytes(16), agent, digest).to_bytes()),
+        (StageError, SumParams(fingerprint, 1 - agent, digest).to_bytes()),
+        (WireError, SumParams(fingerprint, agent, bytes(16)).to_bytes()),  # request altered in transit
+        (WireError, SumParams(fingerprint, agent, digest).to_bytes() + b"\x00"),
+    ]
+    for error, params in cases:
+        with pytest.raises(error):
+            client.join(run_id=bytes(16), request=dataclasses.replace(base, params=params), values=None)
+    good = dataclasses.replace(base, params=SumParams(fingerprint, agent, digest).to_bytes())
+    assert isinstance(client.join(run_id=bytes(16), request=good, values=None), CkksClient)
+    with pytest.raises(StageError):
+        CkksClientSession(0, clients=[0, 1]).join(run_id=bytes(16), request=good, values=None)
+    with pytest.raises(WireError):
+        client.join(run_id=bytes(16), request=dataclasses.replace(good, kind="store"), values=None)
+
+
+# --- client snapshots ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keyholder", ["agent", "all"])
+def test_client_snapshots_round_trip_and_keep_working(keyholder: Any) -> None:
+    n, d = 3, 7
+    spec = VectorSpec(length=d, summands=n, **FLOAT)
+    session = keyed(n, keyholder=keyholder)
+    options = CkksOptions(keyholder=keyholder)
+    fresh = CkksClientSession(0, clients=range(n), options=options)
+    empty = fresh.to_bytes()
+    for pid in range(n):
+        snapshot = client_of(session, pid).to_bytes()
+        restored = CkksClientSession(pid, clients=range(n), options=options)
+        restored.load_bytes(snapshot)
+        assert restored.to_bytes() == snapshot
+        assert restored.keys is not None and restored.keys.agent == agent_of(session)
+        holds = keyholder == "all" or pid == agent_of(session)
+        assert (restored.keys.secret is not None) == holds
+        # The restored session replaces the live one: the next sum runs on it.
+        session.sessions[pid] = restored
+        session.endpoints[pid].sessions[("ckks", "")] = restored
+    values = inputs(n, d, seed=9)
+    assert np.array_equal(session.sum(values, spec=spec).total, plain_total(values, spec))
+    fresh.load_bytes(empty)
+    assert fresh.keys is None and fresh.to_bytes() == empty
+
+
+def test_client_snapshots_are_parsed_strictly() -> None:
+    session = keyed(3)
+    agent = agent_of(session)
+    other = next(p for p in range(3) if p != agent)
+    agent_snapshot = client_of(session, agent).to_bytes()
+    other_snapshot = client_of(session, other).to_bytes()
+    target = CkksClientSession(other, clients=range(3))
+    target.load_bytes(other_snapshot)
+    broken = {
+        "truncated": other_snapshot[:-1],
+        "extended": other_snapshot + b"\x00",
+        "version": b"\x02" + other_snapshot[1:],
+        "key flag": other_snapshot[:1] + b"\x02" + other_snapshot[2:],
+        "secret flag": other_snapshot[:-1] + b"\x02",
+        "unknown agent": other_snapshot[:2] + (7).to_bytes(4, "big") + other_snapshot[6:],
+        "empty": b"",
+    }
+    for name, data in broken.items():
+        with pytest.raises(ProtocolError):
+            target.load_bytes(data)
+        assert target.to_bytes() == other_snapshot, name  # nothing changed on error
+    # The agent's snapshot names this client's agent and carries its key: not this client's role.
+    with pytest.raises(PolicyError):
+        target.load_bytes(agent_snapshot)
+    # A secret key that does not belong to the public context is refused.
+    params = CkksOptions().parameters
+    _, foreign_secret = raw.generate(params)
+    public = client_of(session, agent).keys.public.data  # type: ignore[union-attr]
+    swapped = Writer().u8(1).u8(1).u32(agent).blob(public).u8(1).blob(foreign_secret).finish()
+    restored = CkksClientSession(agent, clients=range(3))
+    with pytest.raises(ForeignKeyError):
+        restored.load_bytes(swapped)
+    assert restored.keys is None
+
+
+# --- fuzzing: any byte mutation of any message -------------------------------------------------
+
+def _mutate(data: bytes, kind: str, pos: int, xor: int) -> bytes:
+    header = 34  # the envelope header; payload fields (lengths, counts, flags) start after it
+    if kind == "header":
+        i = pos % min(header, len(data))
+    elif kind == "payload head":
+        i = header + pos % max(1, min(64, len(data) - header))
+    else:
+        i = pos % len(data)
+    if kind == "truncate":
+        return data[:i]
+    if kind == "extend":
+        return data + bytes([xor])
+    if i >= len(data):
+        return data + bytes([xor])
+    return data[:i] + bytes([data[i] ^ xor]) + data[i + 1 :]
+
+
+MUTATION = st.tuples(st.integers(0, 63), st.sampled_from(["header", "payload head", "anywhere", "truncate", "extend"]),
+                     st.integers(0, 2**32), st.integers(1, 255))
+
+
+def _mutating(target: int, kind: str, pos: int, xor: int) -> tuple[Interceptor, list[str]]:
+    """Mutate the ``target``-th message to cross the network (modulo their number, counted by a dry run)."""
+    seen: list[str] = []
+
+    def intercept(data: bytes, message: Message) -> bytes:
+        seen.append(message.label.stage)
+        return _mutate(data, kind, pos, xor) if len(seen) - 1 == target else data
+    return intercept, seen
+
+
+def _only_protocol_errors(session: SecureSum, rejected: list[str]) -> None:
+    for reason in rejected:
+        name = reason.split(" refused: ", 1)[-1].split(":")[0]
+        assert name in PROTOCOL_ERRORS, reason
+    for endpoint in session.endpoints.values():
+        assert all(e.split(":")[0] in PROTOCOL_ERRORS for e in endpoint.errors), endpoint.errors
+
+
+def _check_results(session: SecureSum, values: dict[int, np.ndarray], spec: VectorSpec) -> None:
+    """Whatever a party learned is the exact sum of the inputs it says it holds."""
+    for party in session.parties().values():
+        if party.result is not None:
+            expected = plain_total({p: values[p] for p in party.contributors}, spec)
+            assert np.array_equal(party.result, expected)
+
+
+FUZZ_SPEC = VectorSpec(length=5, summands=3, **FLOAT)
+FUZZ_VALUES = inputs(3, 5, seed=10)
+_FUZZ_SESSIONS: dict[str, tuple[SecureSum, int]] = {}
+
+
+def _fuzz_session(keyholder: str) -> tuple[SecureSum, int]:
+    """One keyed harness per mode, reused (a failed sum leaves no state behind), and its message count."""
+    if keyholder not in _FUZZ_SESSIONS:
+        session = keyed(3, keyholder=keyholder)
+        before = len(session.transcript)
+        session.sum(FUZZ_VALUES, spec=FUZZ_SPEC)
+        _FUZZ_SESSIONS[keyholder] = (session, len(session.transcript) - before)
+    return _FUZZ_SESSIONS[keyholder]
+
+
+SETUP_MESSAGES = {"agent": 3 + 1 + 2 + 2, "all": 3 + 2 + 1 + 2 + 1 + 1 + 2 + 2}
+"""Messages of a 3-client set-up: open, (advertise,) context, relays, (channel keys, sealed keys,) confirms."""
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(keyholder=st.sampled_from(["agent", "all"]), mutation=MUTATION)
+def test_fuzzed_sum_messages_raise_protocol_errors_and_never_a_wrong_sum(
+        keyholder: str, mutation: tuple[int, str, int, int]) -> None:
+    session, count = _fuzz_session(keyholder)
+    target, kind, pos, xor = mutation
+    intercept, _ = _mutating(target % count, kind, pos, xor)
+    session.network.interceptor = intercept
+    try:
+        out = session.sum(FUZZ_VALUES, spec=FUZZ_SPEC)
+    except AbortedError:
+        out = None
+    finally:
+        session.network.interceptor = None
+    _check_results(session, FUZZ_VALUES, FUZZ_SPEC)
+    if out is not None:
+        _only_protocol_errors(session, list(out.rejected))
+        assert np.array_equal(out.total, plain_total({p: FUZZ_VALUES[p] for p in out.contributors}, FUZZ_SPEC))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(keyholder=st.sampled_from(["agent", "all"]), mutation=MUTATION)
+def test_fuzzed_set_up_messages_raise_protocol_errors_and_never_a_wrong_sum(
+        keyholder: str, mutation: tuple[int, str, int, int]) -> None:
+    count = SETUP_MESSAGES[keyholder]
+    target, kind, pos, xor = mutation
+    intercept, _ = _mutating(target % count, kind, pos, xor)
+    session = make_sum("ckks", clients=[0, 1, 2], keyholder=keyholder, network=LocalNetwork(interceptor=intercept))
+    try:
+        session.setup()
+    except AbortedError:
+        assert not session.ready
+    else:
+        assert session.ready
+    for endpoint in session.endpoints.values():
+        assert all(e.split(":")[0] in PROTOCOL_ERRORS for e in endpoint.errors), endpoint.errors
+    if not session.ready:
+        return
+    # A set-up that survived the mutation gives exact sums (or refuses to give one).
+    try:
+        out = session.sum(FUZZ_VALUES, spec=FUZZ_SPEC)
+    except AbortedError:
+        out = None
+    _check_results(session, FUZZ_VALUES, FUZZ_SPEC)
+    if out is not None:
+        assert np.array_equal(out.total, plain_total({p: FUZZ_VALUES[p] for p in out.contributors}, FUZZ_SPEC))
+
+
+def test_every_set_up_message_is_counted_by_the_fuzzer() -> None:
+    """The set-up fuzzer's message counts are the real ones (so every message can be mutated)."""
+    for keyholder, expected in SETUP_MESSAGES.items():
+        session = keyed(3, keyholder=keyholder)
+        assert len(session.transcript) == expected
+
+
+def test_replayed_set_up_and_sum_messages_are_refused() -> None:
+    """A party that already took a stage's message refuses it again (and stays consistent)."""
+    session = keyed(2)
+    agent = agent_of(session)
+    captured: list[Envelope] = []
+
+    def keep(data: bytes, message: Message) -> bytes:
+        if message.envelope is not None:
+            captured.append(message.envelope)
+        return data
+
+    session.network.interceptor = keep
+    values = inputs(2, 4, seed=13)
+    spec = VectorSpec(length=4, summands=2, **FLOAT)
+    session.sum(values, spec=spec)
+    (aggregate,) = [e for e in captured if e.stage == Stage.AGGREGATE]
+    party = session.parties()[agent]
+    result = party.result
+    with pytest.raises(StageError):
+        party.receive(aggregate)
+    assert party.result is result
