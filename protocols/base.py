@@ -91,6 +91,9 @@ class Party(ABC):
         self.result: FloatArray | None = None
         self.contributors: tuple[PartyId, ...] = ()
         """Whose inputs :attr:`result` holds (set with it)."""
+        self.done = False
+        """The party's part of the run is over (set by parties that end without a result, e.g. a
+        key set-up), so its endpoint can forget it and the secrets it held for the run."""
 
     @contextmanager
     def timed(self, label: str) -> Iterator[None]:
@@ -128,6 +131,9 @@ class ServerParty(Party):
         payload = self.request.to_bytes(clients=self.clients)
         return [Outgoing(Envelope(self.protocol, OPEN, self.run_id, SERVER, pid, payload), Exposure.public())
                 for pid in self.audience]
+
+    def refused(self, party: PartyId, reason: str) -> None:
+        """A client declined this run (a ``refuse`` reply): by default, as if it had dropped out."""
 
     @abstractmethod
     def advance(self) -> list[Outgoing]:

@@ -98,6 +98,7 @@ class CkksSetupClient(Party):
         self.keys = keys
         self.install(keys)
         self.gate.open = {Stage.CHANNEL_KEYS} if self.shared and self.others else set()
+        self.done = not self.gate.open
         return [self._send(Stage.CONTEXT, write_context(public_bytes), Exposure.public())]
 
     def receive(self, env: Envelope) -> list[Outgoing]:
@@ -134,6 +135,7 @@ class CkksSetupClient(Party):
                     raise WireError(f"client {pid}'s channel key is not a usable X25519 key") from None
         self.gate.record(env)
         self.gate.open = set()
+        self.done = True
         return [self._send(Stage.SEALED_KEY, write_sealed_keys(mine.public_bytes, sealed), Exposure.sealed(self.agent))]
 
     def _open_key(self, env: Envelope) -> list[Outgoing]:
@@ -153,6 +155,7 @@ class CkksSetupClient(Party):
         self.keys = keys
         self.install(keys)
         self.gate.open = set()
+        self.done = True
         return [self._send(Stage.CONFIRM, keys.public.fingerprint, Exposure.public())]
 
 

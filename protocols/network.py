@@ -243,7 +243,11 @@ def drive(server: object, network: Network, context: RunContext, *, max_exchange
                     if env.sender != party or env.receiver != SERVER:
                         raise StageError(f"client {party} sent a message as {env.sender} to {env.receiver}")
                     if env.stage == REFUSE:
-                        rejected.append(f"client {party} refused: {read_refusal(env.payload)}")
+                        if env.run_id != server.run_id or env.protocol != server.protocol:
+                            raise StageError(f"client {party} refused another run")
+                        reason = read_refusal(env.payload)
+                        rejected.append(f"client {party} refused: {reason}")
+                        server.refused(party, reason)
                         continue
                     pending.extend(server.receive(env))
                 except AbortedError:

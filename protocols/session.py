@@ -324,10 +324,10 @@ class ClientEndpoint:
         return self._messages(out, context)
 
     def _finish(self, run_id: bytes, party: Party, request: SumRequest, context: RunContext) -> None:
-        if party.result is None or run_id not in self._live:
+        if run_id not in self._live or (party.result is None and not party.done):
             return
         del self._live[run_id]
-        if self.on_result is not None:
+        if party.result is not None and self.on_result is not None:
             self.on_result(RunResult(protocol=context.protocol, run_id=run_id, request=request,
                                      total=party.result, contributors=party.contributors))
 
