@@ -39,6 +39,7 @@ __all__ = [
     "DB_NAME",
     "WORKSPACE_ENV",
     "Checkpoint",
+    "ReleaseRow",
     "RoundPrivacy",
     "RoundRow",
     "RunRow",
@@ -50,7 +51,7 @@ __all__ = [
 WORKSPACE_ENV = "SECURE_FL_WORKSPACE"
 DEFAULT_WORKSPACE = "runs"
 DB_NAME = "secure-fl.sqlite"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -108,6 +109,12 @@ CREATE TABLE IF NOT EXISTS client_states (
 CREATE TABLE IF NOT EXISTS round_metrics (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, name TEXT NOT NULL, value REAL,
     PRIMARY KEY (run_id, round, name)
+);
+CREATE TABLE IF NOT EXISTS round_releases (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, seq INTEGER NOT NULL, statistic TEXT NOT NULL,
+    protocol TEXT NOT NULL, contributors INTEGER NOT NULL, dropouts INTEGER NOT NULL, clipped INTEGER,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, round, seq)
 );
 CREATE TABLE IF NOT EXISTS round_privacy (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, name TEXT NOT NULL, epsilon REAL, delta REAL NOT NULL,
@@ -169,10 +176,29 @@ class RoundPrivacy:
 
 
 @dataclass(frozen=True)
+class ReleaseRow:
+    """One statistic release of a round as the server knows it: the protocol it went through,
+    how many clients it holds and lost, what they clipped (``None``: not counted, e.g. noised)."""
+
+    statistic: str
+    protocol: str
+    contributors: int
+    dropouts: int
+    clipped: int | None
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"statistic": self.statistic, "protocol": self.protocol, "contributors": self.contributors,
+                "dropouts": self.dropouts, "clipped": self.clipped, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
 class RoundRow:
     """One evaluated round. Accuracies are fractions; ``bytes`` maps statistic → bytes;
-    ``metrics`` holds the method's own numbers (``Algorithm.round_metrics``; ``None`` for a
-    non-finite value); ``privacy`` the privacy spent so far when DP is on (:class:`RoundPrivacy`)."""
+    ``metrics`` holds the method's own numbers (``ServerMethod.round_metrics``; ``None`` for a
+    non-finite value); ``privacy`` the privacy spent so far when DP is on (:class:`RoundPrivacy`);
+    ``releases`` the round's statistic releases (:class:`ReleaseRow`); ``bytes`` counts every
+    message of the round, broadcasts and training messages included."""
 
     round: int
     accuracy: float | None
@@ -187,6 +213,8 @@ class RoundRow:
     bytes: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float | None] = field(default_factory=dict)
     privacy: dict[str, RoundPrivacy] = field(default_factory=dict)
+    releases: list[ReleaseRow] = field(default_factory=list)
+    """The round's statistic releases in order (set-up releases are in round 0)."""
 
     @property
     def bytes_total(self) -> int:
@@ -246,7 +274,8 @@ class RunStore:
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
-        """Bring a schema-1 file to schema 2: new tables come from ``_SCHEMA``; add the column."""
+        """Bring an older file to this schema: new tables (schema 3's ``round_releases``) come from
+        ``_SCHEMA``; schema 1 lacks one column."""
         columns = {r["name"] for r in db.execute("PRAGMA table_info(checkpoints)")}
         if "privacy" not in columns:
             db.execute("ALTER TABLE checkpoints ADD COLUMN privacy BLOB")
@@ -333,6 +362,11 @@ class RunStore:
             bytes_by_round.setdefault(row["round"], {})[row["statistic"]] = row["bytes"]
         metrics = self.round_metrics(run_id)
         privacy = self.round_privacy(run_id)
+        releases: dict[int, list[ReleaseRow]] = {}
+        for row in self._db.execute("SELECT * FROM round_releases WHERE run_id = ? ORDER BY round, seq", (run_id,)):
+            releases.setdefault(row["round"], []).append(ReleaseRow(
+                statistic=row["statistic"], protocol=row["protocol"], contributors=row["contributors"],
+                dropouts=row["dropouts"], clipped=row["clipped"], bytes=row["bytes"]))
         out = []
         for row in self._db.execute("SELECT * FROM rounds WHERE run_id = ? ORDER BY round", (run_id,)):
             out.append(RoundRow(
@@ -341,6 +375,7 @@ class RunStore:
                 per_class_accuracy=json.loads(row["per_class"]), clients=json.loads(row["clients"]),
                 clipped=row["clipped"], seconds=row["seconds"], bytes=bytes_by_round.get(row["round"], {}),
                 metrics=metrics.get(row["round"], {}), privacy=privacy.get(row["round"], {}),
+                releases=releases.get(row["round"], []),
             ))
         return out
 
@@ -416,6 +451,10 @@ class RunStore:
             )
             db.executemany("INSERT INTO round_bytes VALUES (?, ?, ?, ?)",
                            [(run_id, row.round, name, int(n)) for name, n in sorted(row.bytes.items())])
+            db.executemany("INSERT INTO round_releases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(run_id, row.round, seq, r.statistic, r.protocol, int(r.contributors), int(r.dropouts),
+                             None if r.clipped is None else int(r.clipped), int(r.bytes))
+                            for seq, r in enumerate(row.releases)])
             db.executemany("INSERT INTO round_metrics VALUES (?, ?, ?, ?)",
                            [(run_id, row.round, str(name), _finite_or_none(value))
                             for name, value in sorted(row.metrics.items())])

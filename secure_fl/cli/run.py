@@ -4,9 +4,14 @@ People get progress bars (per run over rounds, per round over clients, on stderr
 a terminal), a table of per-round metrics for every run and a summary table; ``--json``
 prints one object instead::
 
-    {"runs": [{"id", "method", "loss", "protocol", "rounds",
+    {"runs": [{"id", "method", "loss", "protocol", "update_protocol", "rounds",
                "final": {"accuracy", "minority_accuracy", "auc", "per_class_accuracy"},
-               "tail": {same keys}, "bytes": {"total", ...}, ...}]}
+               "tail": {same keys}, "bytes": {"total", "by_statistic"},
+               "statistics": {NAME: {"protocol", "bytes", "clipped", "releases"}}, ...}]}
+
+``protocol`` is the run's default for statistics and ``update_protocol`` the model updates';
+``statistics`` says which protocol each statistic actually went through, what its messages
+cost and how many entries its contributors clipped (``null`` when not counted: noised).
 
 plus, only when the run used DP, ``"privacy": {"epsilon", "delta", ...}`` (the worst
 client's DP-SGD ε so far) and, only when the method reports round metrics,
@@ -118,10 +123,18 @@ def format_rounds(summary: Any) -> str:
     return f"{title}\n{text_table(headers, rows)}"
 
 
+def statistics_cell(summary: Any) -> str:
+    """Which protocol each statistic went through, ``name:protocol`` (the run's default when none ran)."""
+    statistics = getattr(summary, "statistics", None) or {}
+    updates = {"model_update", "control_update"}
+    named = [f"{name}:{entry['protocol']}" for name, entry in statistics.items() if name not in updates]
+    return ", ".join(named) if named else summary.protocol
+
+
 def format_summary(summaries: Sequence[Any]) -> str:
     """One line per run: final and tail metrics, bytes."""
     rows = [
-        [s.id, s.method, s.loss, s.protocol, s.update_protocol, str(s.seed), str(s.rounds),
+        [s.id, s.method, s.loss, statistics_cell(s), s.update_protocol, str(s.seed), str(s.rounds),
          format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), format_value(s.tail["minority_accuracy"]),
          format_value(s.tail["auc"]), _bytes(s.bytes_total)]
         for s in summaries

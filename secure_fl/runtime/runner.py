@@ -23,7 +23,7 @@ import torch
 from secure_fl.config import ExperimentConfig, RunConfig
 from secure_fl.data import Dataset
 from secure_fl.runtime.build import build_simulation, load_run_dataset
-from secure_fl.store import RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
+from secure_fl.store import ReleaseRow, RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
 
 __all__ = ["RunObserver", "RunSummary", "execute_run", "run_experiment", "summarize"]
 
@@ -62,6 +62,9 @@ class RunSummary:
     tail_rounds: int
     bytes_total: int
     bytes_by_statistic: dict[str, int] = field(default_factory=dict)
+    statistics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per statistic: the protocol it went through, its bytes, the entries clipped (``None``
+    when not counted, e.g. noised) and the number of releases."""
     history: tuple[RoundRow, ...] = ()
     privacy: dict[str, Any] | None = None
     """Only when the run used DP: ``epsilon`` / ``delta`` (the worst client's DP-SGD ε; without
@@ -76,6 +79,7 @@ class RunSummary:
             "rounds": self.rounds, "status": self.status, "final": self.final, "tail": self.tail,
             "tail_rounds": self.tail_rounds,
             "bytes": {"total": self.bytes_total, "by_statistic": self.bytes_by_statistic},
+            "statistics": self.statistics,
         }
         if self.privacy is not None:
             out["privacy"] = self.privacy
@@ -149,6 +153,21 @@ def _mean_present(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+def _statistics(rows: Sequence[RoundRow]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for release in row.releases:
+            entry = out.setdefault(release.statistic, {"protocol": release.protocol, "bytes": 0, "clipped": 0,
+                                                       "releases": 0})
+            if entry["protocol"] != release.protocol:
+                entry["protocol"] = "mixed"
+            entry["bytes"] += release.bytes
+            entry["releases"] += 1
+            entry["clipped"] = None if entry["clipped"] is None or release.clipped is None \
+                else entry["clipped"] + release.clipped
+    return dict(sorted(out.items()))
+
+
 def summarize(store: RunStore, run_id: str) -> RunSummary:
     """``final`` = the last stored round, ``tail`` = the mean over the last ``tail_rounds`` rounds."""
     run = store.run(run_id)
@@ -163,7 +182,7 @@ def summarize(store: RunStore, run_id: str) -> RunSummary:
         update_protocol=run.update_protocol, seed=run.seed, rounds=len(rows), status=run.status,
         final=_metrics(rows[-1:]), tail=_metrics(rows[-tail_rounds:]), tail_rounds=tail_rounds,
         bytes_total=sum(by_statistic.values()), bytes_by_statistic=dict(sorted(by_statistic.items())),
-        history=tuple(rows), privacy=_privacy(rows), metrics=_method_metrics(rows, tail_rounds),
+        statistics=_statistics(rows), history=tuple(rows), privacy=_privacy(rows), metrics=_method_metrics(rows, tail_rounds),
     )
 
 
@@ -206,7 +225,9 @@ def execute_run(
                 auc=metrics["auc"], train_loss=result.train_loss, test_loss=metrics["test_loss"],
                 per_class_accuracy=list(metrics["per_class_accuracy"]), clients=list(result.selected),
                 clipped=result.clipped, seconds=time.perf_counter() - start,
-                bytes=sim.stats.bytes_by_statistic(result.round), metrics=result.metrics, privacy=result.privacy,
+                bytes=sim.stats.bytes_by_statistic(result.round), privacy=result.privacy,
+                # the method's metrics and, named sim.*, the harness's simulator telemetry
+                metrics={**result.metrics, **result.telemetry},
             )
             declarations = _declarations(sim)
             store.record_round(run_id, row, sim.checkpoint(), declarations)
@@ -226,11 +247,13 @@ def execute_run(
 
 
 def _declarations(sim: Any) -> dict[str, dict[str, Any]]:
-    """Declarations as stored for the audit; a noised statistic also gets its ``privacy``
-    calibration (``NoisySum.describe()``: mechanism, σ, sensitivity, widened bound)."""
+    """Declarations as stored for the audit, with the protocol the run's plan gives each; a
+    noised statistic also gets its ``privacy`` calibration (``NoisySum.describe()``: mechanism,
+    σ, sensitivity, widened bound)."""
     out = {}
     for name, declaration in sim.stats.declarations.items():
         entry = declaration.as_dict()
+        entry["protocol"] = sim.plan.protocol_for(declaration)
         noisy = sim.stats.noisy.get(name)
         if noisy is not None:
             entry["privacy"] = noisy.describe()

@@ -5,8 +5,8 @@
 :class:`~protocols.LocalNetwork` and plays rounds. The parties share nothing but bytes on that
 network; the engine itself is the simulator's harness — it may look at every party (to
 checkpoint the nodes' snapshots, which in a deployment each node keeps on its own machine, and
-to report telemetry no party sends: the clients' training loss, their DP-SGD ε), and says so
-where it does.
+to report telemetry no party sends: the clients' training loss, their DP-SGD ε, the method's
+:meth:`~secure_fl.algorithms.Method.simulator_telemetry`), and says so where it does.
 
 Every random draw comes from :class:`~secure_fl.runtime.rng.Seeds` keyed by round and client,
 so the same config and seed give the same metrics, resumed or not. :meth:`Simulation.checkpoint`
@@ -23,18 +23,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from protocols import LocalNetwork, Transcript
 from secure_fl.algorithms import ClientData, HeldOut, LocalTrainer, LocalTraining, Method, RunInfo
+from secure_fl.algorithms.base import SIMULATOR_TELEMETRY_PREFIX, check_round_metrics
 from secure_fl.losses import Loss
 from secure_fl.privacy import MODEL, RUN, formal_guarantees
 from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.selection import SelectionStrategy
 from secure_fl.runtime.server import Mailbox, ServerLoop
-from secure_fl.stats import StatisticsPlan
+from secure_fl.stats import Release, StatisticsPlan
 from secure_fl.stats.coordinator import StatsCoordinator
 from secure_fl.stats.updates import UpdateSum
 from secure_fl.snapshots import dump_state, load_state
@@ -59,6 +61,9 @@ class RoundResult:
     metrics: dict[str, float | None] = field(default_factory=dict)
     privacy: dict[str, RoundPrivacy] = field(default_factory=dict)
     refusals: tuple[str, ...] = ()
+    telemetry: dict[str, float | None] = field(default_factory=dict)
+    """Simulator telemetry of the method (:meth:`~secure_fl.algorithms.Method.simulator_telemetry`,
+    scored against every client's data), names prefixed ``sim.``: stored beside ``metrics``."""
 
 
 class Simulation:
@@ -143,6 +148,7 @@ class Simulation:
             seeds=seeds, device=device, digest=digest, clients_per_round=clients_per_round,
             minority_classes=minority_classes, eval_batch_size=eval_batch_size, holdout=holdout,
         )
+        self._released = 0
         self.on_client: Callable[[int, int, int], None] | None = None
         """Progress hook (round, clients done, clients selected), called as the cohort's updates arrive."""
 
@@ -173,6 +179,11 @@ class Simulation:
         return self.info.dimension
 
     @property
+    def class_counts(self) -> dict[int, np.ndarray]:
+        """Every client's label counts, read from the nodes: the harness's knowledge, no party's."""
+        return {cid: np.asarray(node.data.class_counts, dtype=np.int64) for cid, node in self.nodes.items()}
+
+    @property
     def dp_enabled(self) -> bool:
         return self.dp_sgd_config is not None or self.stats.ledger is not None
 
@@ -185,15 +196,23 @@ class Simulation:
 
     def run_round(self) -> RoundResult:
         outcome = self.server.run_round()
+        releases = tuple(self.stats.records[self._released:])
+        self._released = len(self.stats.records)
         # Simulator telemetry: the cohort's training losses, read from the nodes (no party sends them).
         trained = [self.nodes[c].telemetry for c in outcome.selected if self.nodes[c].telemetry.round == outcome.round]
         samples = sum(t.num_samples for t in trained)
         train_loss = sum(t.loss * t.num_samples for t in trained) / max(samples, 1)
         if self.on_client is not None:
             self.on_client(outcome.round, len(trained), len(outcome.selected))
+        # Simulator telemetry: the method scores its server half against every client's data.
+        scored = self.method.simulator_telemetry(self.server.method, round=outcome.round, cohort=outcome.selected,
+                                                 class_counts=self.class_counts)
+        telemetry = {SIMULATOR_TELEMETRY_PREFIX + name: value for name, value in check_round_metrics(
+            scored, source=f"simulator telemetry of method {self.method.name!r}").items()}
         return RoundResult(round=outcome.round, selected=outcome.selected, train_loss=train_loss,
                            clipped=outcome.clipped, seconds=outcome.seconds, metrics=outcome.metrics,
-                           privacy=self.privacy_report() if self.dp_enabled else {}, refusals=outcome.refusals)
+                           privacy=self.privacy_report() if self.dp_enabled else {}, refusals=outcome.refusals,
+                           telemetry=telemetry)
 
     def evaluate(self) -> dict[str, Any]:
         return self.server.evaluate()
