@@ -7,8 +7,9 @@ from protocols import (
     SERVER,
     AbortedError,
     DropoutPlan,
-    InMemoryTransport,
+    LocalNetwork,
     Reveal,
+    SumRequest,
     VectorSpec,
     Visibility,
     make_sum,
@@ -54,7 +55,7 @@ def test_signed_floats_through_paillier(agent_session):
 def test_dropouts_exclude_the_lost_and_keep_the_sum_exact(agent_session):
     spec = VectorSpec(length=20, bound=5, summands=12)
     inputs = inputs_for(12, 20, 5, seed=1)
-    lost = [c for c in range(12) if c != agent_session.agent][:3]
+    lost = [c for c in range(12) if c != agent_session.server.agent][:3]
     out = agent_session.sum(inputs, spec=spec, dropouts=DropoutPlan({c: "upload" for c in lost}))
     assert out.dropped == tuple(sorted(lost))
     assert np.array_equal(out.total, np.sum([inputs[c] for c in range(12) if c not in lost], axis=0))
@@ -64,7 +65,7 @@ def test_lost_agent_aborts_cleanly(agent_session):
     spec = VectorSpec(length=4, bound=5, summands=12)
     with pytest.raises(AbortedError):
         agent_session.sum(inputs_for(12, 4, 5), spec=spec,
-                          dropouts=DropoutPlan({agent_session.agent: "aggregate"}))
+                          dropouts=DropoutPlan({agent_session.server.agent: "aggregate"}))
 
 
 def test_shared_key_mode_hides_sum_from_server_when_asked():
@@ -123,8 +124,8 @@ def test_tampered_upload_is_rejected_and_run_stays_exact(name, mutate):
     inputs = inputs_for(n, 56, 1)
     session = make_sum("paillier", clients=range(n), **WEAK)
     session.setup()
-    victim = next(c for c in range(n) if c != session.agent)
-    session.transport.interceptor, state = tamper(_is_upload_from(victim), mutate)
+    victim = next(c for c in range(n) if c != session.server.agent)
+    session.network.interceptor, state = tamper(_is_upload_from(victim), mutate)
     try:
         out = session.sum(inputs, spec=spec)
     except AbortedError:
@@ -149,17 +150,19 @@ def test_foreign_key_ciphertexts_are_rejected():
             captured.setdefault(message.envelope.sender, data)
         return data
 
-    other.transport.interceptor = record
+    other.network.interceptor = record
     other.sum(inputs_for(n, 8, 1), spec=spec)
 
     def swap(data, message):
         env = message.envelope
         if env.stage == Stage.UPLOAD and env.sender == 1:
             foreign = Envelope.from_bytes(captured[1])
-            return Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver, foreign.payload).to_bytes()
+            # This run's request digest, then the other key's fingerprint and ciphertexts.
+            payload = env.payload[:16] + foreign.payload[16:]
+            return Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver, payload).to_bytes()
         return data
 
-    session = make_sum("paillier", clients=range(n), transport=InMemoryTransport(interceptor=swap), **WEAK)
+    session = make_sum("paillier", clients=range(n), network=LocalNetwork(interceptor=swap), **WEAK)
     out = session.sum(inputs_for(n, 8, 1), spec=spec)
     assert any("ForeignKeyError" in r for r in out.rejected)
     assert 1 not in out.contributors
@@ -177,11 +180,15 @@ def test_replay_and_out_of_stage_messages_are_refused():
         sent.append((data, message))
         return data
 
-    session.transport.interceptor = duplicate
+    session.network.interceptor = duplicate
     run_id = b"\x01" * 16
-    server, clients = session._build(run_id=run_id, spec=spec,
-                                     encoded={c: v.astype(np.uint64) for c, v in inputs.items()},
-                                     reveal=Reveal(), round=0)
+    request = SumRequest(kind="sum", statistic="sum", round=0, spec=spec, reveal=Reveal(),
+                         participants=tuple(range(n)))
+    server = session.server.open(run_id=run_id, request=request)
+    server.start()
+    clients = {c: session.client_session(c).join(run_id=run_id, request=request,
+                                                  values=inputs[c].astype(np.uint64))
+               for c in range(n)}
     upload = clients[0].start()[0].envelope
     server.receive(Envelope.from_bytes(upload.to_bytes()))
     with pytest.raises(Exception) as replay:
@@ -222,8 +229,8 @@ def test_non_unit_ciphertext_is_dropped_at_aggregation():
     inputs = inputs_for(n, 8, 1)
     session = make_sum("paillier", clients=range(n), **WEAK)
     session.setup()
-    victim = next(c for c in range(n) if c != session.agent)
-    key = session.public_key
+    victim = next(c for c in range(n) if c != session.server.agent)
+    key = session.server.public_key
     width = key.ciphertext_bytes
 
     def poison(data, message):
@@ -233,7 +240,7 @@ def test_non_unit_ciphertext_is_dropped_at_aggregation():
             return Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver, payload).to_bytes()
         return data
 
-    session.transport.interceptor = poison
+    session.network.interceptor = poison
     out = session.sum(inputs, spec=spec)
     assert victim not in out.contributors
     assert any("not invertible" in r for r in out.rejected)
