@@ -69,8 +69,8 @@ class PaillierOptions:
             raise ValueError("pool_size must be >= 0")
         if self.key_bits < raw.MIN_KEY_BITS and not self.allow_weak_keys:
             raise ValueError(f"key_bits below {raw.MIN_KEY_BITS} need allow_weak_keys=True (tests only)")
-        if self.key_bits < raw.MIN_TEST_KEY_BITS or self.key_bits % 2:
-            raise ValueError(f"key_bits must be even and >= {raw.MIN_TEST_KEY_BITS}")
+        if self.key_bits < raw.MIN_TEST_KEY_BITS:
+            raise ValueError(f"key_bits must be >= {raw.MIN_TEST_KEY_BITS}")
         if self.min_contributors < 1:
             raise ValueError("min_contributors must be >= 1")
 
