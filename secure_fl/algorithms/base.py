@@ -31,6 +31,9 @@ serialises to bytes with the node's snapshot):
 ``learned(learned: Learned, ctx: ClientState)``
     a statistic this client learned (FedShift's prior, CLIMB's f̄ and λ̄).
 
+The simulator's harness may also ask the :class:`Method` for :meth:`Method.simulator_telemetry`:
+numbers scored against every client's data, which no party holds (stored prefixed ``sim.``).
+
 Under DP-SGD (``[privacy.dp_sgd]``) :meth:`ClientContext.train` trains through
 :meth:`~secure_fl.privacy.dpsgd.DPSGD.train_client`; a method that trains any other way is
 refused by the node.
@@ -75,6 +78,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALGORITHMS",
     "DP_SGD_STATE",
+    "SIMULATOR_TELEMETRY_PREFIX",
     "ClientContext",
     "ClientMethod",
     "ClientState",
@@ -410,6 +414,22 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, **{f.name: getattr(self.params, f.name) for f in fields(self.params)}}
+
+    def simulator_telemetry(self, server: ServerMethod, *, round: int, cohort: tuple[int, ...],
+                            class_counts: Mapping[int, npt.NDArray[np.int64]]) -> Mapping[str, float | None]:
+        """Simulator telemetry of a finished round: the embedded engine's harness calls it, no party does.
+
+        The harness knows every client's label counts (``class_counts``), which no party of the run
+        may; a method can score its server half against them here (Ratio Loss: its monitor's estimate
+        against the round's true composition). Real numbers by name, stored with the round's metrics
+        under :data:`SIMULATOR_TELEMETRY_PREFIX` so that they never pass for a party's knowledge.
+        """
+        return {}
+
+
+SIMULATOR_TELEMETRY_PREFIX = "sim."
+"""Prefix of the stored names of :meth:`Method.simulator_telemetry` (they sit beside the method's own
+round metrics in the run store, but are the harness's knowledge, not the server's)."""
 
 
 _METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")
