@@ -266,16 +266,9 @@ class ArgminSession:
                                         max_try_size=max_try_size, min_contributors=min_contributors)
         self.spec = self.server.spec
         self.min_contributors = min_contributors
-        self._inputs: dict[PartyId, npt.NDArray[np.uint64]] = {}
-        for pid, session in paillier.sessions.items():
+        for session in paillier.sessions.values():
             assert isinstance(session, PaillierClientSession)
             session.min_contributors = min_contributors
-            session.store_input = self._input_of(pid)
-
-    def _input_of(self, pid: PartyId) -> Any:
-        def store_input(request: SumRequest) -> npt.NDArray[np.uint64] | None:
-            return self._inputs.get(pid)
-        return store_input
 
     @property
     def stored(self) -> frozenset[PartyId]:
@@ -299,13 +292,12 @@ class ArgminSession:
         encoded = {pid: encode(self.spec, np.asarray(vec)).values for pid, vec in inputs.items()}
         if not self.paillier.ready:
             self.paillier.setup(round=round)
-        self._inputs = encoded
         self._planned(dropouts)
         try:
-            outcome = self.server.upload(sorted(encoded), round=round, statistic=statistic)
+            with self.paillier.inputs(encoded):
+                outcome = self.server.upload(sorted(encoded), round=round, statistic=statistic)
         finally:
             self._planned(None)
-            self._inputs = {}
         parties = self.paillier.parties()
         times = [parties[pid].timings["upload"] for pid in outcome.contributors
                  if pid in parties and "upload" in parties[pid].timings]

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import secrets
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,16 @@ class SecureSum:
             return self._inputs.get(pid)
         return contribute
 
+    @contextmanager
+    def inputs(self, values: Mapping[PartyId, npt.NDArray[Any]]) -> Iterator[None]:
+        """While inside, each client answers a run's request for its input with ``values[client]``
+        (as its owner would); the parties of those runs are collected anew (:meth:`parties`)."""
+        self._inputs, self._parties = dict(values), {}
+        try:
+            yield
+        finally:
+            self._inputs = {}
+
     def _watch(self, pid: PartyId) -> Any:
         def seen(run_id: bytes, party: Party) -> None:
             self._parties[pid] = party
@@ -110,11 +121,13 @@ class SecureSum:
         spec: VectorSpec,
         statistic: str = "sum",
         round: int = 0,
-        reveal: Reveal = Reveal(),
+        reveal: Reveal | None = None,
         dropouts: DropoutPlan | None = None,
         clip: bool = False,
     ) -> SumOutcome:
-        """Securely add the clients' vectors; the result is what the declared recipients learned."""
+        """Securely add the clients' vectors; the result is what the declared recipients learned
+        (``reveal`` defaults to the server and the clients)."""
+        reveal = reveal if reveal is not None else Reveal()
         unknown = set(inputs) - set(self.clients)
         if unknown:
             raise ValueError(f"inputs from parties outside this protocol: {sorted(unknown)}")
@@ -138,13 +151,12 @@ class SecureSum:
                              participants=tuple(sorted(values)))
         server = self.server.open(run_id=run_id, request=request)
         context = RunContext(self.name, run_id, round, statistic, self.descriptor.stages)
-        self._inputs, self._parties = values, {}
         self.network.plan(self.name, dropouts, self.descriptor.stages)
         try:
-            rejected = drive(server, self.network, context)
+            with self.inputs(values):
+                rejected = drive(server, self.network, context)
         finally:
             self.network.plan(self.name, None, self.descriptor.stages)
-            self._inputs = {}
         clients = dict(self._parties)
         holders = {pid: p.result for pid, p in {SERVER: server, **clients}.items() if p.result is not None}
         if not holders:
@@ -165,7 +177,8 @@ class SecureSum:
         )
 
     def parties(self) -> dict[PartyId, Party]:
-        """The client parties of the latest run (the harness's view, for reports and tests)."""
+        """Each client's latest party since the last :meth:`inputs` (the harness's view, for
+        reports and tests)."""
         return dict(self._parties)
 
 

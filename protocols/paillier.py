@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy.typing as npt
@@ -62,10 +62,6 @@ __all__ = [
 ]
 
 SNAPSHOT_VERSION: Final = 1
-
-StoreInput = Callable[[SumRequest], "npt.NDArray[Any] | None"]
-"""Asked for this client's encoded counts when a ``store`` run opens (see :attr:`PaillierClientSession.store_input`)."""
-
 
 def layout_for(spec: VectorSpec, key_bits: int) -> PackingLayout:
     """Packing of ``spec`` under a ``key_bits``-bit modulus (plaintexts stay below n)."""
@@ -160,8 +156,6 @@ class PaillierClientSession(ClientSession):
         """Who generated this client's key (:data:`~protocols.wire.SERVER` under the weak mode)."""
         self.min_contributors = self.opts.min_contributors
         """This client's floor as an argmin agent: the smallest try sum it decrypts."""
-        self.store_input: StoreInput | None = None
-        """The owner's counts for a ``store`` run (the endpoint asks its ``contribute`` only for sums)."""
 
     @property
     def holds_key(self) -> bool:
@@ -199,8 +193,6 @@ class PaillierClientSession(ClientSession):
         from .argmin_parties import ArgminAgent, StoreClient
 
         if request.kind == "store":
-            if values is None and self.store_input is not None and self.party_id in request.participants:
-                values = self.store_input(request)
             return StoreClient(self.party_id, run_id=run_id, request=request, layout=layout, keys=keys,
                                encoded=as_encoded(values, spec), clients=self.clients)
         if request.participants != (self.party_id,):

@@ -231,7 +231,7 @@ class RunResult:
 
 
 Contribute = Callable[[str, SumRequest], "npt.NDArray[Any] | None"]
-"""Asked when a sum run opens: this client's input (``None``: it joins without one). Raising a
+"""Asked when a run that takes inputs (``sum``, ``store``) opens at a participant: this client's input (``None``: it joins without one). Raising a
 :class:`~protocols.errors.ProtocolError` refuses the run with that reason."""
 
 
@@ -310,7 +310,7 @@ class ClientEndpoint:
             raise StageError(f"no {env.protocol!r} session {request.session!r} at this client")
         context = RunContext(env.protocol, env.run_id, request.round, request.statistic, stage_names)
         values = None
-        if request.kind == "sum" and self.party_id in request.participants:
+        if request.kind in ("sum", "store") and self.party_id in request.participants:
             values = self.contribute(env.protocol, request)
         party = session.join(run_id=env.run_id, request=request, values=values)
         self._seen.add(env.run_id)

@@ -254,8 +254,8 @@ def _bare_clients(network: LocalNetwork, counts: dict[int, np.ndarray], spec: Ve
     sessions = {}
     for pid in range(N):
         session = PaillierClientSession(pid, clients=range(N), options=options)
-        session.store_input = lambda request, pid=pid: encode(spec, counts[pid]).values
-        endpoint = ClientEndpoint(pid, sessions={"paillier": session}, contribute=lambda protocol, request: None)
+        endpoint = ClientEndpoint(pid, sessions={"paillier": session},
+                                  contribute=lambda protocol, request, pid=pid: encode(spec, counts[pid]).values)
         network.attach(pid, lambda data, endpoint=endpoint: [m for d in data for m in endpoint.handle(d)])
         sessions[pid] = session
     return sessions
