@@ -63,8 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from secure_fl.algorithms.local import FlatLayout, output_linear
 from secure_fl.stats import StatisticDeclaration
+from secure_fl.training import FlatLayout, output_linear
 
 __all__ = [
     "MONITOR_TOTAL",

@@ -142,10 +142,7 @@ def _protocol_options(protocol: str, settings: AuditSettings, keyholder: str) ->
 
 
 def _method_params(base: str, settings: AuditSettings) -> dict[str, Any]:
-    params = dict(settings.method_params.get(base, {}))
-    if base == "ratio_loss":  # its monitor reloads the data set: same split as the run's
-        params.setdefault("data_seed", settings.seed)
-    return params
+    return dict(settings.method_params.get(base, {}))
 
 
 def run_config(method: str, protocol: str, settings: AuditSettings, *, keyholder: str | None = None) -> Any:

@@ -16,11 +16,15 @@ Ac.M is the run's ``minority_accuracy`` (the worst class among ``data.minority_c
 AUC the macro one-vs-rest AUC; each cell is the mean ± sample std over the runs that differ
 only in their seed, of each run's ``tail`` (``--metric final``: last round).
 
-Monitor telemetry (v_pt, the truth, their cosine, the partition's CS) is not a per-round
-metric of the run store: the ``ratio_loss`` method keeps it in its algorithm state, which the
-store saves with the run's latest checkpoint. ``ratio-table4`` (its CS row) and ``ratio-fig2``
-read it from there, in the report's workspace (``--workspace DIR``; ``--option workspace=DIR``
-overrides it; default ``$SECURE_FL_WORKSPACE``, else ``./runs`` — as ``secure-fl run``).
+Monitor telemetry comes from two places. What the server knows (v_pt, the variants' estimates,
+ℝ, the detector, the auxiliary counts) is the ``ratio_loss`` server half's state, which the
+store saves with the run's latest checkpoint; the scores against the truth (the cosine of v_pt
+and of each variant to the round's true composition, the partition's CS) are *simulator
+telemetry* — the harness computes them from every client's data, which no party has — stored
+as the round metrics ``sim.*``. :func:`monitor_telemetry` joins the two
+(:func:`~secure_fl.algorithms.ratio_loss.monitor_history`); the checkpoint is read in the
+report's workspace (``--workspace DIR``; ``--option workspace=DIR`` overrides it; default
+``$SECURE_FL_WORKSPACE``, else ``./runs`` — as ``secure-fl run``).
 
     secure-fl report experiments/ratio_loss/smoke.toml --table ratio-table2
     secure-fl report experiments/ratio_loss/table2/fashion_*.toml --table ratio-table2 --out reports/rl \
@@ -58,7 +62,7 @@ LOSS_LABELS = {"ce": "L_CE", "focal": "L_FL", "ghmc": "L_GHMC", "ratio": "L_RL (
                "mfe": "L_MFE"}
 """The paper's row names."""
 VARIANT_COLUMNS = ("paper/start", "paper/midpoint", "pooled/start", "lstsq/start", "lstsq/midpoint")
-"""The estimator/template variants the method's telemetry records (``ratio_loss.VARIANTS``)."""
+"""The estimator/template variants whose cosine the simulator telemetry records (``ratio_loss.VARIANTS``)."""
 LOSS_ORDER = ("L_CE", "L_FL", "L_GHMC", "L_RL (ours)", "L_MSE", "L_MFE")
 DATASET_NAMES = {"fashion-mnist": "Fashion-MNIST", "mnist5k": "MNIST (5k)", "cifar10": "CIFAR-10",
                  "digits": "digits"}
@@ -92,7 +96,8 @@ def _ordered(keys: Sequence[str], order: Sequence[str]) -> list[str]:
 
 
 def monitor_telemetry(runs: Sequence[RunRecord], ctx: TableContext) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
-    """``{run id: (history, telemetry)}`` of the ``ratio_loss`` runs, from their stored checkpoints."""
+    """``{run id: (history, telemetry)}`` of the ``ratio_loss`` runs: the server's history from their
+    stored checkpoints, scored by the simulator telemetry of their stored rounds."""
     import sqlite3
 
     from secure_fl.algorithms.ratio_loss import monitor_history
@@ -122,12 +127,13 @@ def monitor_telemetry(runs: Sequence[RunRecord], ctx: TableContext) -> dict[str,
                 checkpoint = store.checkpoint(run.id)
             except (StoreError, sqlite3.Error):
                 checkpoint = None
-            if checkpoint is None:
-                continue
+            metrics = {row.round: row.metrics for row in run.history}
             try:
-                out[run.id] = monitor_history(checkpoint.algorithm)
+                history, telemetry = monitor_history(None if checkpoint is None else checkpoint.algorithm, metrics)
             except ValueError:
                 continue
+            if history or telemetry:
+                out[run.id] = (history, telemetry)
     finally:
         store.close()
     return out

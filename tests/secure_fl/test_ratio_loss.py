@@ -1,6 +1,7 @@
 """Ratio Loss (paper 002): Eq. 6 and Eq. 7 on hand-made numbers, the per-class auxiliary updates
 against autograd, the monitor on a short real run, the secure round total, the losses (GHMC,
-Ratio, MSE, MFE), the method's wiring (broadcast, errors, resume) and the report tables."""
+Ratio, MSE, MFE), the method's two halves (broadcast, the server's held-out data, errors, resume),
+the harness's scoring of the monitor (simulator telemetry) and the report tables."""
 
 from __future__ import annotations
 
@@ -13,13 +14,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols import SERVER
-from secure_fl.algorithms import FlatLayout, HeldOut, make_algorithm
+from protocols import SERVER, PolicyError
+from secure_fl.algorithms import FlatLayout, HeldOut, ServerRound, ServerSetup, make_algorithm
 from secure_fl.algorithms.ratio_loss import (
     BROADCAST,
-    RatioLossMethod,
+    MONITOR_COSINE,
+    PARTITION_COSINE,
+    VARIANTS,
     RatioLossParams,
+    RatioLossServer,
+    auxiliary_from_holdout,
     monitor_history,
+    partition_cosine,
+    score_history,
+    true_composition,
+    variant_metric,
 )
 from secure_fl.algorithms.ratio_monitor import (
     MONITOR_TOTAL,
@@ -36,6 +45,7 @@ from secure_fl.audit.ledger import build_ledger
 from secure_fl.config import RunConfig
 from secure_fl.losses import make_loss
 from secure_fl.runtime import build_simulation
+from secure_fl.runtime.simulation import RoundResult, Simulation
 
 WEAK = {"key_bits": 1024, "allow_weak_keys": True}
 
@@ -284,72 +294,116 @@ def _digits(*, protocol: str = "plain", options: dict | None = None, method: dic
     }
 
 
-def _run(raw: dict, rounds: int | None = None):
-    sim = build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
+def _build(raw: dict) -> Simulation:
+    return build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
+
+
+def _run(raw: dict, rounds: int | None = None) -> tuple[Simulation, list[RoundResult]]:
+    sim = _build(raw)
     sim.setup()
-    for _ in range(rounds or raw["train"]["rounds"]):
-        sim.run_round()
-    return sim
+    return sim, [sim.run_round() for _ in range(rounds or raw["train"]["rounds"])]
+
+
+def _server(sim: Simulation) -> RatioLossServer:
+    server = sim.server.method
+    assert isinstance(server, RatioLossServer)
+    return server
+
+
+def _scored(sim: Simulation) -> list[dict]:
+    """The server's history scored against the truth the harness knows (every node's counts)."""
+    history = _server(sim).history
+    truth = {h["round"]: true_composition(sim.class_counts, h["contributors"]) for h in history}
+    return score_history(history, truth)
 
 
 def test_monitor_tracks_the_round_composition_on_a_real_run() -> None:
-    sim = _run(_digits(rounds=5))
-    algo = sim.algorithm
-    assert isinstance(algo, RatioLossMethod) and algo.aux_source == "runtime holdout"
-    assert algo.monitor is not None and algo.monitor.aux_counts.min() >= 1
-    assert len(algo.history) == 5
-    for h, r in zip(algo.history, range(5)):
-        assert h["round"] == r and sum(h["truth"]) == h["total"]
+    sim, results = _run(_digits(rounds=5))
+    server = _server(sim)
+    assert server.monitor is not None and server.monitor.aux_counts.min() >= 1
+    assert len(server.history) == 5
+    scored = _scored(sim)
+    for h, stored, result, r in zip(scored, server.history, results, range(5), strict=True):
+        assert h["round"] == r and h["contributors"] == list(result.selected) and sum(h["truth"]) == h["total"]
         assert cosine_similarity(h["estimate"], h["truth"]) == pytest.approx(h["cosine"])
-    cos = [h["cosine"] for h in algo.history]
+        # the server holds no truth: the score is the harness's, reported as simulator telemetry
+        assert not {"truth", "cosine", "variants"} & set(stored)
+        assert result.metrics == {} and result.telemetry["sim." + MONITOR_COSINE] == pytest.approx(h["cosine"])
+        assert set(h["variants"]) == {f"{e}/{t}" for e, t in VARIANTS}
+        for variant, cosine in h["variants"].items():
+            assert result.telemetry["sim." + variant_metric(variant)] == pytest.approx(cosine)
+        assert result.telemetry["sim." + PARTITION_COSINE] == pytest.approx(
+            partition_cosine(sim.class_counts.values()))
+    cos = [h["cosine"] for h in scored]
     assert min(cos) >= 0.9, cos
+    assert 0 < partition_cosine(sim.class_counts.values()) <= 1
 
 
 def test_auxiliary_samples_are_held_out_of_every_client() -> None:
-    sim = _run(_digits(rounds=1))
-    aux = sim.algorithm.monitor.aux_x.reshape(sim.algorithm.monitor.aux_x.shape[0], -1)
-    for data in sim.clients.values():
-        rows = data.x.reshape(data.x.shape[0], -1)
+    sim, _ = _run(_digits(rounds=1))
+    monitor = _server(sim).monitor
+    assert monitor is not None
+    aux = monitor.aux_x.reshape(monitor.aux_x.shape[0], -1)
+    for node in sim.nodes.values():
+        rows = node.data.x.reshape(node.data.x.shape[0], -1)
         assert not (torch.cdist(aux, rows).min(dim=1).values == 0).any()
     # and not from the test set either
-    assert not (torch.cdist(aux, sim.x_test.reshape(sim.x_test.shape[0], -1)).min(dim=1).values == 0).any()
+    x_test = sim.server.x_test
+    assert not (torch.cdist(aux, x_test.reshape(x_test.shape[0], -1)).min(dim=1).values == 0).any()
 
 
-def test_runtime_holdout_and_dataset_reload_give_the_same_auxiliary_samples() -> None:
-    from secure_fl.algorithms.ratio_loss import auxiliary_from_dataset, auxiliary_from_holdout
-
-    sim = _run(_digits(rounds=1))
-    held = sum(d.num_samples for d in sim.clients.values())
-    assert sim.holdout is not None and len(sim.holdout) == sim.holdout.y.size - held > 0
-    x_h, y_h = auxiliary_from_holdout(sim.holdout, num_classes=10, per_class=32, seed=0)
-    x_d, y_d, name = auxiliary_from_dataset(sim.clients, num_classes=10, per_class=32, seed=0)
-    assert name == "digits" and np.array_equal(x_h, x_d) and np.array_equal(y_h, y_d)
-    np.testing.assert_array_equal(sim.algorithm.monitor.aux_x.numpy(), x_h)
-    # a class with nothing held out is refused, as on the reload path
-    labels = sim.holdout.labels
-    starved = HeldOut(x=sim.holdout.x, y=sim.holdout.y, index=sim.holdout.index[labels != 3])
-    with pytest.raises(ValueError, match=r"class\(es\) \[3\]"):
+def test_auxiliary_samples_come_from_the_servers_holdout() -> None:
+    sim = _build(_digits(rounds=1))
+    sim.setup()
+    holdout = sim.server.holdout
+    held = sum(node.data.num_samples for node in sim.nodes.values())
+    assert holdout is not None and len(holdout) == holdout.y.size - held > 0
+    x_h, y_h = auxiliary_from_holdout(holdout, num_classes=10, per_class=32, seed=0)
+    monitor = _server(sim).monitor
+    assert monitor is not None
+    np.testing.assert_array_equal(monitor.aux_x.numpy(), x_h)
+    np.testing.assert_array_equal(monitor.aux_y.numpy(), y_h)
+    per_class = np.minimum(32, np.bincount(holdout.labels, minlength=10))   # all of a class when fewer
+    assert np.bincount(y_h, minlength=10).tolist() == per_class.tolist() and per_class.min() >= 1
+    # aux_seed picks another draw of the same size per class
+    x_1, y_1 = auxiliary_from_holdout(holdout, num_classes=10, per_class=32, seed=1)
+    assert np.bincount(y_1, minlength=10).tolist() == per_class.tolist() and not np.array_equal(x_1, x_h)
+    # a class with nothing held out is refused, with the advice
+    labels = holdout.labels
+    starved = HeldOut(x=holdout.x, y=holdout.y, index=holdout.index[labels != 3])
+    with pytest.raises(ValueError, match=r"class\(es\) \[3\].*data.train_samples"):
         auxiliary_from_holdout(starved, num_classes=10, per_class=32)
 
 
-def test_server_side_model_and_borrowed_client_model_give_the_same_run() -> None:
-    """With the runtime's trainer at set-up ℝ is prepared server-side; without it, at the first client."""
-    import dataclasses
+def test_a_server_without_held_out_samples_fails_clearly() -> None:
+    for nothing in (None, HeldOut(x=np.zeros((3, 2)), y=np.arange(3), index=np.array([], dtype=np.int64))):
+        with pytest.raises(ValueError, match="the server holds no held-out training samples"):
+            auxiliary_from_holdout(nothing, num_classes=3, per_class=2)
+    sim = _build(_digits(rounds=1))
+    sim.server.holdout = None          # a run whose partition used every training sample
+    with pytest.raises(ValueError, match="no held-out training samples.*data.train_samples"):
+        sim.setup()
 
-    raw = _digits(rounds=3, method={"mitigation": "always"}, loss="ratio")
-    served = _run(raw)
-    borrowed = build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
-    setup = borrowed.algorithm.setup
-    borrowed.algorithm.setup = lambda ctx: setup(dataclasses.replace(ctx, trainer=None))  # type: ignore[method-assign]
-    borrowed.setup()
-    assert borrowed.algorithm._model is None and served.algorithm._model is not None
-    for _ in range(3):
-        borrowed.run_round()
-    for a, b in zip(served.algorithm.history, borrowed.algorithm.history, strict=True):
-        np.testing.assert_array_equal(a["estimate"], b["estimate"])
-        np.testing.assert_array_equal(a["ratios"], b["ratios"])
-    assert torch.equal(served.global_vector, borrowed.global_vector)
-    assert served.stats.bytes_by_statistic() == borrowed.stats.bytes_by_statistic()
+
+def test_the_server_needs_its_own_model() -> None:
+    sim = _build(_digits(rounds=1))
+    server = sim.server
+    setup = ServerSetup(info=sim.info, stats=sim.stats, clients=server.clients, device=torch.device("cpu"),
+                        holdout=server.holdout, model=None)
+    with pytest.raises(RuntimeError, match="copy of the public model"):
+        _server(sim).setup(setup)
+
+
+def test_the_monitor_does_not_touch_training() -> None:
+    """With ℝ off and FedAvg's weights, ratio_loss is FedAvg plus a monitor: the same models. The
+    monitor runs on the server's own copy of the model, never on the clients' trainer."""
+    raw = _digits(rounds=2, method={"aggregation": "samples"})
+    monitored, _ = _run(raw)
+    plain, _ = _run({**raw, "method": {"name": "fedavg"}})
+    torch.testing.assert_close(monitored.global_vector, plain.global_vector, rtol=0, atol=0)
+    model = _server(monitored)._model
+    assert model is monitored.server.model
+    assert all(model.model is not node.trainer.model for node in monitored.nodes.values())
 
 
 def test_held_out_rows_are_checked_and_copied_on_demand() -> None:
@@ -374,9 +428,10 @@ def test_held_out_rows_are_checked_and_copied_on_demand() -> None:
     ("paillier", {"paillier": WEAK}),
 ])
 def test_secure_total_equals_plain_and_no_client_count_is_readable(protocol: str, options: dict) -> None:
-    plain = _run(_digits(rounds=3)).algorithm.history
-    sim = _run(_digits(rounds=3, statistics={MONITOR_TOTAL: protocol}, options=options))
-    secure = sim.algorithm.history
+    plain_sim, _ = _run(_digits(rounds=3))
+    plain = _server(plain_sim).history
+    sim, _ = _run(_digits(rounds=3, statistics={MONITOR_TOTAL: protocol}, options=options))
+    secure = _scored(sim)
     assert [h["total"] for h in secure] == [h["total"] for h in plain]
     assert [h["total"] for h in secure] == [float(sum(h["truth"])) for h in secure]
     np.testing.assert_allclose([h["estimate"] for h in secure], [h["estimate"] for h in plain], rtol=1e-9)
@@ -394,7 +449,7 @@ def test_secure_total_equals_plain_and_no_client_count_is_readable(protocol: str
 
 def test_plain_total_is_readable_control() -> None:
     """Under ``plain`` the same check sees every count: it would catch a leak."""
-    sim = _run(_digits(rounds=2))
+    sim, _ = _run(_digits(rounds=2))
     ledger = build_ledger(sim.stats.transcript, clients=range(30))
     selected = {c for r in sim.stats.records if r.name == MONITOR_TOTAL for c in r.contributors}
     assert selected and all(ledger.server_reads_individually(MONITOR_TOTAL, c) for c in selected)
@@ -402,77 +457,113 @@ def test_plain_total_is_readable_control() -> None:
 
 def test_ratio_loss_broadcasts_r_and_clients_train_with_it() -> None:
     raw = _digits(rounds=3, method={"mitigation": "always"}, loss={"name": "ratio", "alpha": 1.0, "beta": 0.1})
-    sim = _run(raw)
-    algo = sim.algorithm
-    assert all(h["mitigating"] for h in algo.history)
-    assert all(len(h["ratios"]) == 10 and min(h["ratios"]) > 0 for h in algo.history)
-    # ℝ goes to the round's clients with the model: C float32 each, every round (round 0's too)
-    for r in range(3):
-        assert sim.stats.bytes_by_statistic(r)[f"{BROADCAST}_broadcast"] == 10 * 4 * 10
-    broadcast = algo.broadcast(sim._server_context(3, (0, 1)))
-    torch.testing.assert_close(broadcast[BROADCAST].double(), torch.as_tensor(algo._ratios))
-    expected = make_loss("ratio").class_weights(torch.as_tensor(algo._ratios))
-    np.testing.assert_allclose(algo._weights, expected.numpy(), rtol=1e-12)
+    sim, results = _run(raw)
+    server = _server(sim)
+    assert all(h["mitigating"] for h in server.history)
+    assert all(len(h["ratios"]) == 10 and min(h["ratios"]) > 0 for h in server.history)
+    # ℝ goes to the round's clients with the model as one message each, every round (round 0's too);
+    # the runtime counts the message bytes (C float32 and the runtime header)
+    sizes = [sim.stats.bytes_by_statistic(r)[f"{BROADCAST}_broadcast"] for r in range(3)]
+    assert len(set(sizes)) == 1 and sizes[0] % 10 == 0 and sizes[0] // 10 >= 10 * 4
+    # each client of the last round got the ℝ of G_2, and its class weights are α + β·Ra_p of it
+    loss = make_loss("ratio", {"alpha": 1.0, "beta": 0.1})
+    for c in results[-1].selected:
+        node = sim.nodes[c]
+        got = node._broadcast[BROADCAST]
+        np.testing.assert_array_equal(got.numpy(), np.float32(server.history[-1]["ratios"]))
+        ctx = SimpleNamespace(broadcast={BROADCAST: got}, num_classes=10, trainer=node.trainer, data=node.data)
+        objective = node.method.local_objective(ctx)  # type: ignore[attr-defined]
+        torch.testing.assert_close(objective.class_weight, loss.class_weights(got))
+    # the server prepared G_3's ℝ in after_round; its broadcast sends exactly that, and the
+    # monitor's templates use the weights the clients will derive from it
+    ctx = ServerRound(round=3, global_vector=sim.global_vector, cohort=(0, 1), info=sim.info, stats=sim.stats,
+                      updates=sim.server.updates)
+    sent = server.broadcast(ctx)[BROADCAST]
+    np.testing.assert_allclose(sent.double().numpy(), server._ratios, rtol=1e-6)
+    np.testing.assert_allclose(server._weights, loss.class_weights(sent).numpy(), rtol=1e-12)
 
 
 def test_mitigation_off_sends_nothing_and_detect_waits_for_the_detector() -> None:
-    sim = _run(_digits(rounds=2))
+    sim, _ = _run(_digits(rounds=2))
     assert not any(k.startswith(BROADCAST) for r in range(2) for k in sim.stats.bytes_by_statistic(r))
-    detect = _run(_digits(rounds=3, method={"mitigation": "detect", "detect_rounds": 1, "detect_ratio": 1.0},
-                          loss={"name": "ratio"}))
-    h = detect.algorithm.history
-    assert detect.algorithm.detector.detected_round == 0
-    assert [x["mitigating"] for x in h] == [False, True, True]
+    assert all(BROADCAST not in node._broadcast for node in sim.nodes.values())
+    detect, _ = _run(_digits(rounds=3, method={"mitigation": "detect", "detect_rounds": 1, "detect_ratio": 1.0},
+                             loss={"name": "ratio"}))
+    server = _server(detect)
+    assert server.detector.detected_round == 0
+    assert [x["mitigating"] for x in server.history] == [False, True, True]
+    assert [f"{BROADCAST}_broadcast" in detect.stats.bytes_by_statistic(r) for r in range(3)] == [False, True, True]
 
 
 def test_ratio_loss_needs_the_ratio_loss() -> None:
     with pytest.raises(ValueError, match="loss 'ratio'"):
         _run(_digits(rounds=1, method={"mitigation": "always"}, loss="ce"))
+    # a client that gets ℝ but trains with another loss refuses too
+    sim = _build(_digits(rounds=1, loss="ce"))
+    node = sim.nodes[0]
+    ctx = SimpleNamespace(broadcast={BROADCAST: torch.ones(10)}, num_classes=10, trainer=node.trainer, data=node.data)
+    with pytest.raises(ValueError, match="loss 'ratio'"):
+        node.method.local_objective(ctx)  # type: ignore[attr-defined]
+    # and a malformed ℝ is a protocol error (the node refuses the round)
+    ratio = _build(_digits(rounds=1, loss="ratio")).nodes[0]
+    bad = SimpleNamespace(broadcast={BROADCAST: torch.ones(3)}, num_classes=10, trainer=ratio.trainer,
+                          data=ratio.data)
+    with pytest.raises(PolicyError, match=BROADCAST):
+        ratio.method.local_objective(bad)  # type: ignore[attr-defined]
 
 
 def test_params_are_validated() -> None:
     for bad in ({"aggregation": "median"}, {"mitigation": "sometimes"}, {"aux_per_class": 0},
                 {"estimator": "x"}, {"ratio_average": "mode"}, {"templates": "end"}, {"detect_ratio": 0.5},
-                {"threshold": -1.0}):
+                {"threshold": -1.0}, {"aux_seed": -1}):
         with pytest.raises(ValueError):
             make_algorithm("ratio_loss", bad)
+    # the dataset-reloading fallback is gone: its parameters are unknown now
+    for retired in ("aux_dataset", "aux_root", "data_seed", "test_fraction"):
+        with pytest.raises(ValueError, match="unknown parameter"):
+            make_algorithm("ratio_loss", {retired: 0})
     assert isinstance(make_algorithm("ratio_loss").params, RatioLossParams)
 
 
 def test_a_resumed_run_continues_identically() -> None:
     raw = _digits(rounds=4, method={"mitigation": "always"}, loss={"name": "ratio"})
-    whole = _run(raw)
-    first = _run(raw, rounds=2)
+    whole, whole_results = _run(raw)
+    first, first_results = _run(raw, rounds=2)
     checkpoint = first.checkpoint()
-    second = build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
+    second = _build(raw)
+    second.prepare_resume(checkpoint)
     second.setup()
     second.restore(checkpoint)
-    for _ in range(2):
-        second.run_round()
+    second_results = [second.run_round() for _ in range(2)]
     torch.testing.assert_close(second.global_vector, whole.global_vector)
-    assert [h["cosine"] for h in second.algorithm.history] == pytest.approx([h["cosine"] for h in whole.algorithm.history])
-    history, telemetry = monitor_history(second.checkpoint().algorithm)
-    assert len(history) == 4 and 0 < telemetry["partition_cosine"] <= 1
+    np.testing.assert_allclose([h["estimate"] for h in _server(second).history],
+                               [h["estimate"] for h in _server(whole).history])
+    results = first_results + second_results
+    for resumed, straight in zip(results, whole_results, strict=True):
+        assert resumed.telemetry == pytest.approx(straight.telemetry)
+    # what the report reads: the stored server state joined with the stored simulator telemetry
+    history, telemetry = monitor_history(second.checkpoint().algorithm, {r.round: r.telemetry for r in results})
+    assert len(history) == 4 and 0 < telemetry[PARTITION_COSINE] <= 1 and telemetry["aux_counts"]
+    assert [h["cosine"] for h in history] == pytest.approx([h["cosine"] for h in _scored(whole)])
+    assert history[0]["variants"] == pytest.approx(_scored(whole)[0]["variants"])
+    # without the checkpoint (dropped state), the telemetry alone still gives the curve
+    alone, _ = monitor_history(None, {r.round: r.telemetry for r in results})
+    assert [h["round"] for h in alone] == [0, 1, 2, 3] and alone[3]["cosine"] == pytest.approx(history[3]["cosine"])
+    with pytest.raises(ValueError, match="not a ratio_loss"):
+        monitor_history({"detector": {}})
 
 
 def test_uniform_aggregation_is_eq4() -> None:
     """G_{t+1} = G_t + (1/K) Σ Δ_j, whatever the client sizes (the paper's Eq. 4)."""
-    raw = _digits(rounds=1)
-    sim = build_simulation(RunConfig.from_dict(raw), device=torch.device("cpu"))
+    sim = _build(_digits(rounds=1))
     sim.setup()
     start = sim.global_vector.clone()
-    captured = []
-    original = sim.algorithm.aggregate
-
-    def spy(updates, ctx):
-        captured.extend(updates)
-        return original(updates, ctx)
-
-    sim.algorithm.aggregate = spy  # type: ignore[method-assign]
-    sim.run_round()
-    expected = start + sum(u.delta for u in captured) / len(captured)
+    result = sim.run_round()
+    updates = [sim.nodes[c].update for c in result.selected]
+    assert all(u is not None for u in updates)
+    expected = start + sum(u.delta for u in updates if u is not None) / len(updates)
     torch.testing.assert_close(sim.global_vector, expected, rtol=1e-5, atol=1e-7)
-    assert len({u.num_samples for u in captured}) > 1
+    assert len({u.num_samples for u in updates if u is not None}) > 1
 
 
 # --- the report tables -------------------------------------------------------------------------------
@@ -531,6 +622,12 @@ loss = "ratio"
         assert "L_MFE" in t4.markdown and "CS 0." in t4.markdown
         f2, _ = build_report([str(config)], "ratio-fig2", store=store, options=options, out_dir=tmp_path / "out")
         assert len(f2.data["runs"]) == 3 and f2.figures and f2.figures[0].exists()
+        # the curve is the simulator telemetry stored with each round (sim.*), beside the method's metrics
+        for run in runs:
+            stored = [row.metrics for row in store.rounds(run.id)]
+            row = next(v for v in f2.data["runs"].values() if v["run"] == run.id)
+            assert row["per_round"] == pytest.approx([m["sim." + MONITOR_COSINE] for m in stored])
+            assert set(row["variants"]) == {f"{e}/{t}" for e, t in VARIANTS}
         # telemetry from another workspace than the runs' is refused, not silently left out
         from secure_fl.report import ReportError
 
