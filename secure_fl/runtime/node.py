@@ -100,6 +100,8 @@ class ClientNode:
         self.refusals: list[str] = []
         self.dirty = False
         """Whether the state changed since the last snapshot."""
+        self._method_statistics = frozenset(method.declarations())
+        self._selection_statistics = frozenset(selection.declarations()) if selection is not None else frozenset()
         self._declarations: dict[str, StatisticDeclaration] = dict(method.declarations())
         if selection is not None:
             self._declarations.update(selection.declarations())
@@ -205,9 +207,9 @@ class ClientNode:
             update=self.update if self.trained_round == request.round else None,
             cohort_size=len(request.participants),
         )
-        if declaration.name in self.method.declarations():
+        if declaration.name in self._method_statistics:
             vector = self.method.contribution(declaration.name, ctx)
-        elif self.selection is not None and declaration.name in self.selection.declarations():
+        elif self.selection is not None and declaration.name in self._selection_statistics:
             vector = self.selection.contribution(declaration.name, ctx)
         else:
             raise PolicyError(f"no part of this client contributes {declaration.name!r}")
