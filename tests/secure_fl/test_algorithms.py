@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,7 +12,6 @@ import torch
 
 from secure_fl.algorithms import (
     ALGORITHMS,
-    Algorithm,
     FedAvg,
     FedProx,
     FedProxParams,
@@ -18,10 +19,13 @@ from secure_fl.algorithms import (
     LocalObjective,
     LocalTrainer,
     LocalTraining,
+    Method,
     Reweighting,
     ReweightingParams,
+    RunInfo,
     Scaffold,
     ScaffoldParams,
+    ServerMethod,
     inverse_frequency_weights,
     make_algorithm,
     register_algorithm,
@@ -30,7 +34,8 @@ from secure_fl.data import Dataset
 from secure_fl.losses import LOSSES, CrossEntropy, make_loss
 from secure_fl.models import build_model
 from secure_fl.runtime import RandomSelection, Seeds, Simulation, client_data
-from secure_fl.stats import GlobalStatistics, UpdateSum
+from secure_fl.runtime.node import ClientNode
+from secure_fl.stats import StatisticsPlan, UpdateSettings
 
 CPU = torch.device("cpu")
 
@@ -44,22 +49,36 @@ def synthetic(n: int = 240, classes: int = 3, seed: int = 0) -> Dataset:
                    x_test=x[n * 3 // 4 :], y_test=y[n * 3 // 4 :], num_classes=classes)
 
 
-def simulation(dataset: Dataset, algorithm: Algorithm, training: LocalTraining, *, shards: list[np.ndarray],
+def simulation(dataset: Dataset, method: Method, training: LocalTraining, *, shards: list[np.ndarray],
                per_round: int | None = None, seed: int = 0) -> Simulation:
     seeds = Seeds(seed)
     with seeds.torch_global("init"):
         model = build_model("mlp", input_shape=dataset.input_shape, num_classes=dataset.num_classes, hidden=(8,))
-    stats = GlobalStatistics(clients=range(len(shards)), protocol="plain")
+    plan = StatisticsPlan(clients=tuple(range(len(shards))), protocol="plain",
+                          updates=UpdateSettings(dimension=FlatLayout(model).dimension))
     sim = Simulation(
         clients=client_data(dataset, shards, device=CPU), x_test=torch.from_numpy(dataset.x_test),
         y_test=torch.from_numpy(dataset.y_test), num_classes=dataset.num_classes, model=model,
-        algorithm=algorithm, loss=make_loss("ce"), selection=RandomSelection(), training=training,
-        clients_per_round=per_round or len(shards), stats=stats,
-        updates=UpdateSum(stats, dimension=FlatLayout(model).dimension),
-        seeds=seeds, device=CPU,
+        method=method, loss=make_loss("ce"), selection=RandomSelection(), training=training,
+        clients_per_round=per_round or len(shards), plan=plan, seeds=seeds, device=CPU, rounds=10,
     )
     sim.setup()
     return sim
+
+
+def node(sim: Simulation, cid: int = 0) -> ClientNode:
+    """A client's node (the embedded harness may look inside the parties; tests do too)."""
+    return sim.nodes[cid]
+
+
+def server_half(sim: Simulation) -> ServerMethod:
+    return sim.server.method
+
+
+def client_half(sim: Simulation, method: Method) -> object:
+    """A fresh client half of ``method`` for the run (its objective needs nothing from the node)."""
+    info: RunInfo = sim.info
+    return method.client(info)
 
 
 # --- registry and hyper-parameters ------------------------------------------------------------
@@ -169,9 +188,9 @@ def test_fedavg_weights_updates_by_client_size() -> None:
     # each client's local model, trained alone from the same start with the same generators
     locals_ = []
     for cid, shard in enumerate(shards):
-        trainer = LocalTrainer(sim.model, training=training, loss=make_loss("ce"))
+        trainer = LocalTrainer(copy.deepcopy(sim.server.model.model), training=training, loss=make_loss("ce"))
         with sim.seeds.torch_global("client", 0, cid):
-            result = trainer.train(sim.clients[cid], start, lr=training.lr_at(0),
+            result = trainer.train(node(sim, cid).data, start, lr=training.lr_at(0),
                                    shuffle=sim.seeds.torch("shuffle", 0, cid))
         locals_.append(result.vector)
     sim.run_round()
@@ -179,7 +198,10 @@ def test_fedavg_weights_updates_by_client_size() -> None:
     expected = start + (n0 * (locals_[0] - start) + n1 * (locals_[1] - start)) / (n0 + n1)
     torch.testing.assert_close(sim.global_vector, expected, rtol=0, atol=1e-6)
     totals = [r for r in sim.stats.records if r.name == "total_samples"]
-    assert len(totals) == 1 and totals[0].contributors == (0, 1)
+    assert len(totals) == 1 and totals[0].contributors == (0, 1) and totals[0].scalar() == n0 + n1
+    # the server got the sizes' total and the weighted sum, never a client's own update or size
+    (update,) = [r for r in sim.stats.records if r.name == "model_update"]
+    assert update.contributors == (0, 1) and update.protocol == "clear"
 
 
 # --- FedProx, SCAFFOLD, Reweighting -----------------------------------------------------------
@@ -199,20 +221,21 @@ def test_fedprox_with_mu_zero_is_fedavg() -> None:
 def test_fedprox_adds_the_proximal_gradient() -> None:
     data = synthetic()
     training = LocalTraining(epochs=1, batch_size=data.y_train.size, lr=0.1)  # one full-batch step
-    sim = simulation(data, FedProx(FedProxParams(mu=0.5)), training, shards=[np.arange(data.y_train.size)])
+    method = FedProx(FedProxParams(mu=0.5))
+    sim = simulation(data, method, training, shards=[np.arange(data.y_train.size)])
+    trainer = node(sim).trainer
     anchor = sim.global_vector.clone()
     start = anchor + 0.01  # local weights away from the anchor: the proximal pull is non-zero
-    ctx_objective = sim.algorithm.local_objective(  # type: ignore[attr-defined]
-        type("Ctx", (), {"layout": sim.layout, "global_vector": anchor})()
+    ctx_objective = client_half(sim, method).local_objective(  # type: ignore[attr-defined]
+        SimpleNamespace(layout=trainer.layout, global_vector=anchor)
     )
-    result = sim.trainer.train(sim.clients[0], start, lr=0.1, shuffle=torch.Generator().manual_seed(0),
-                               objective=ctx_objective)
+    data0 = node(sim).data
+    result = trainer.train(data0, start, lr=0.1, shuffle=torch.Generator().manual_seed(0), objective=ctx_objective)
     # the same step by autograd on loss + mu/2 ||w - anchor||^2
-    sim.layout.load(start)
-    params = sim.layout.parameters
-    anchors = sim.layout.parameter_views(anchor)
-    data0 = sim.clients[0]
-    loss = torch.nn.functional.cross_entropy(sim.model(data0.x), data0.y)
+    trainer.layout.load(start)
+    params = trainer.layout.parameters
+    anchors = trainer.layout.parameter_views(anchor)
+    loss = torch.nn.functional.cross_entropy(trainer.model(data0.x), data0.y)
     loss = loss + 0.25 * sum(((p - a) ** 2).sum() for p, a in zip(params, anchors))
     grads = torch.autograd.grad(loss, params)
     expected = torch.cat([(p - 0.1 * g).detach().reshape(-1) for p, g in zip(params, grads)])
@@ -234,22 +257,25 @@ def test_scaffold_with_one_client_is_fedavg() -> None:
 def test_scaffold_server_control_is_the_mean_of_client_controls() -> None:
     data = synthetic()
     shards = np.array_split(np.arange(data.y_train.size), 3)
-    algorithm = Scaffold(ScaffoldParams(momentum_aware=False))
-    sim = simulation(data, algorithm, LocalTraining(epochs=1, batch_size=16, lr=0.05), shards=shards)
+    sim = simulation(data, Scaffold(ScaffoldParams(momentum_aware=False)),
+                     LocalTraining(epochs=1, batch_size=16, lr=0.05), shards=shards)
     for _ in range(3):
         sim.run_round()
-    controls = [sim.client_states[c]["control"] for c in range(3)]
-    assert algorithm.control is not None
-    torch.testing.assert_close(algorithm.control, torch.stack(controls).mean(0), rtol=0, atol=1e-6)
+    controls = [node(sim, c).state["control"] for c in range(3)]  # each client's own c_i, in its node
+    control = server_half(sim).control  # type: ignore[attr-defined]
+    assert control is not None
+    torch.testing.assert_close(control, torch.stack(controls).mean(0), rtol=0, atol=1e-6)
     assert {"control_update", "control_broadcast"} <= set(sim.stats.bytes_by_statistic())
+    # c reaches the cohort as a runtime broadcast; the changes come back only as the secure sum
+    assert {r.name for r in sim.stats.records} == {"total_samples", "model_update", "control_update"}
     # first round, plain SGD: c_i+ = (x - y_i) / (K lr), i.e. minus the client's update per step
     fresh = simulation(data, Scaffold(ScaffoldParams(momentum_aware=False)),
                        LocalTraining(epochs=1, batch_size=16, lr=0.05), shards=shards)
     start = fresh.global_vector.clone()
     fresh.run_round()
-    state = fresh.client_states[0]["control"]
+    state = node(fresh).state["control"]
     assert state.abs().max() > 0
-    state_dict = fresh.algorithm.state_dict()
+    state_dict = server_half(fresh).state_dict()
     assert set(state_dict) == {"control"} and state_dict["control"].shape == start.shape
 
 
@@ -275,13 +301,14 @@ def test_weighted_cross_entropy_is_the_mean_of_weighted_sample_losses() -> None:
 
 def test_reweighting_trains_with_its_clients_class_weights() -> None:
     data = synthetic()
-    sim = simulation(data, Reweighting(), LocalTraining(epochs=1, batch_size=16, lr=0.05),
+    method = Reweighting()
+    sim = simulation(data, method, LocalTraining(epochs=1, batch_size=16, lr=0.05),
                      shards=[np.arange(data.y_train.size)])
-    ctx = type("Ctx", (), {"data": sim.clients[0]})()
-    objective = sim.algorithm.local_objective(ctx)  # type: ignore[attr-defined]
+    ctx = SimpleNamespace(data=node(sim).data)
+    objective = client_half(sim, method).local_objective(ctx)  # type: ignore[attr-defined]
     assert isinstance(objective, LocalObjective) and objective.class_weight is not None
     np.testing.assert_allclose(objective.class_weight.numpy(),
-                               inverse_frequency_weights(sim.clients[0].class_counts), rtol=1e-6)
+                               inverse_frequency_weights(node(sim).data.class_counts), rtol=1e-6)
     before = sim.global_vector.clone()
     sim.run_round()
     assert not torch.equal(before, sim.global_vector)
@@ -291,17 +318,18 @@ def test_weighted_mean_is_pytorchs_weighted_cross_entropy() -> None:
     """``weighted_mean``: one local step is one SGD step on ``CrossEntropyLoss(weight=w)`` (Σ w ℓ / Σ w)."""
     data = synthetic()
     sim = simulation(data, FedAvg(), LocalTraining(epochs=1, batch_size=16, lr=0.05), shards=[np.arange(data.y_train.size)])
-    client, start = sim.clients[0], sim.global_vector.clone()
+    client, start = node(sim).data, sim.global_vector.clone()
     weight = torch.tensor([0.5, 3.0, 1.0])  # mean weight over the batch ≠ 1, so the division shows
-    trainer = LocalTrainer(sim.model, training=LocalTraining(epochs=1, batch_size=10_000, lr=0.1), loss=make_loss("ce"))
+    model = copy.deepcopy(node(sim).trainer.model)
+    trainer = LocalTrainer(model, training=LocalTraining(epochs=1, batch_size=10_000, lr=0.1), loss=make_loss("ce"))
     steps = {}
     for flag in (False, True):
         result = trainer.train(client, start, lr=0.1, shuffle=torch.Generator().manual_seed(0),
                                objective=LocalObjective(class_weight=weight, weighted_mean=flag))
         steps[flag] = result.vector - start
-    sim.layout.load(start)
-    loss = torch.nn.CrossEntropyLoss(weight=weight)(sim.model(client.x), client.y)
-    grads = torch.autograd.grad(loss, sim.layout.parameters)
+    trainer.layout.load(start)
+    loss = torch.nn.CrossEntropyLoss(weight=weight)(model(client.x), client.y)
+    grads = torch.autograd.grad(loss, trainer.layout.parameters)
     torch.testing.assert_close(steps[True], -0.1 * torch.cat([g.reshape(-1) for g in grads]), rtol=1e-4, atol=1e-7)
     ratio = float(weight[client.y].mean())
     torch.testing.assert_close(steps[False], steps[True] * ratio, rtol=1e-4, atol=1e-7)
@@ -309,10 +337,12 @@ def test_weighted_mean_is_pytorchs_weighted_cross_entropy() -> None:
 
 def test_reweighting_mean_option() -> None:
     data = synthetic()
-    sim = simulation(data, Reweighting(ReweightingParams(mean="weights")), LocalTraining(epochs=1, batch_size=16, lr=0.05),
+    method = Reweighting(ReweightingParams(mean="weights"))
+    sim = simulation(data, method, LocalTraining(epochs=1, batch_size=16, lr=0.05),
                      shards=[np.arange(data.y_train.size)])
-    objective = sim.algorithm.local_objective(type("Ctx", (), {"data": sim.clients[0]})())  # type: ignore[attr-defined]
+    ctx = SimpleNamespace(data=node(sim).data)
+    objective = client_half(sim, method).local_objective(ctx)  # type: ignore[attr-defined]
     assert objective.weighted_mean and objective.class_weight is not None
-    assert not Reweighting().local_objective(type("Ctx", (), {"data": sim.clients[0]})()).weighted_mean  # type: ignore[arg-type]
+    assert not client_half(sim, Reweighting()).local_objective(ctx).weighted_mean  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="mean"):
         ReweightingParams(mean="median")  # type: ignore[arg-type]

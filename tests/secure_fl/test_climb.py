@@ -11,29 +11,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protocols import SERVER
+from protocols import SERVER, Visibility
 from secure_fl.algorithms import (
     ClientContext,
     ClientData,
-    ClientUpdate,
+    ClientState,
+    ContributionContext,
     LocalTrainer,
     LocalTraining,
-    ServerContext,
+    RunInfo,
     make_algorithm,
 )
 from secure_fl.algorithms.climb import (
     LAMBDA_SUM,
     LOSS_SUM,
     Climb,
+    ClimbClient,
     ClimbParams,
+    ClimbServer,
     climb_weight,
     dual_step,
+    lambda_declaration,
+    loss_declaration,
 )
 from secure_fl.audit.ledger import build_ledger
 from secure_fl.config import RunConfig
 from secure_fl.losses import make_loss
 from secure_fl.runtime import build_simulation
-from secure_fl.stats import GlobalStatistics, UpdateSum
+from secure_fl.stats import Learned, UpdateSettings
+
+from .helpers import MethodNet, tiny_client
 
 WEAK = {"key_bits": 1024, "allow_weak_keys": True}
 
@@ -82,11 +89,17 @@ def test_params_are_validated(bad: dict) -> None:
 def test_registered_with_declarations() -> None:
     algo = make_algorithm("climb", {"primal_steps": 3})
     assert isinstance(algo, Climb) and algo.params.primal_steps == 3
-    assert algo._loss.name == LOSS_SUM and algo._lambda.name == LAMBDA_SUM
-    assert algo._lambda.bound == 5.0 and algo._loss.kind == "float"
-    assert algo._loss.learners == {"server", "clients"}
+    loss, lam = loss_declaration(algo.params), lambda_declaration(algo.params)
+    assert loss.name == LOSS_SUM and lam.name == LAMBDA_SUM
+    assert lam.bound == 5.0 and loss.kind == "float" and loss.clip and not lam.clip
+    assert loss.learners == {"server", "clients"}
+    # both halves declare the same statistics (public): the client checks each request against its own
+    client = algo.client(_info(4))
+    assert isinstance(client, ClimbClient)
+    assert client.declarations()[LOSS_SUM] == loss and client.declarations()[LAMBDA_SUM] == lam
     minimal = make_algorithm("climb", {"server_learns": False})
-    assert minimal._loss.learners == {"clients"} and minimal._lambda.learners == {"clients"}
+    assert loss_declaration(minimal.params).learners == {"clients"}
+    assert lambda_declaration(minimal.params).learners == {"clients"}
 
 
 # --- the client side on a hand-made client ----------------------------------------------------------
@@ -105,39 +118,61 @@ def _client(cid: int, n: int = 6) -> ClientData:
     return ClientData(client_id=cid, x=x, y=y, class_counts=np.bincount(y.numpy(), minlength=2))
 
 
+def _info(num_clients: int, dimension: int = 8) -> RunInfo:
+    return RunInfo(num_clients=num_clients, num_classes=2, dimension=dimension, rounds=10,
+                   training=LocalTraining(epochs=1, batch_size=4, lr=0.1), updates=UpdateSettings(dimension=dimension))
+
+
 def _ctx(trainer: LocalTrainer, data: ClientData, state: dict, round: int, num_clients: int = 4) -> ClientContext:
     return ClientContext(round=round, data=data, state=state, global_vector=trainer.layout.flatten(),
-                         broadcast={}, lr=0.1, num_clients=num_clients, num_classes=2, trainer=trainer,
+                         broadcast={}, lr=0.1, info=_info(num_clients, trainer.layout.dimension), trainer=trainer,
                          shuffle=torch.Generator().manual_seed(round))
 
 
+def _learn(client: ClimbClient, data: ClientData, state: dict, name: str, round: int, total: float,
+           contributors: tuple[int, ...]) -> None:
+    """The client hears a sum it was sent (as its node does when a release reaches it)."""
+    learned = Learned(name=name, round=round, value=np.array([total]), contributors=contributors, clipped=0)
+    client.learned(learned, ClientState(client_id=data.client_id, round=round, data=data, state=state,
+                                        learned={name: learned}))
+
+
 def test_client_takes_its_pending_dual_step_and_measures_its_loss() -> None:
-    algo = Climb(ClimbParams(primal_steps=2, dual_lr=2.0, tolerance=0.01))
     trainer, data = _trainer(), _client(1)
-    algo.loss_means = {0: 1.0}  # f̄ of round 0, released to round 0's clients
+    client = Climb(ClimbParams(primal_steps=2, dual_lr=2.0, tolerance=0.01)).client(_info(4, trainer.layout.dimension))
+    assert isinstance(client, ClimbClient)
     state = {"lambda": 0.5, "pending": (0, 2.0)}  # this client's f_i at round 0
+    _learn(client, data, state, LOSS_SUM, 0, 3.0, (0, 1, 3))  # f̄ of round 0 = 3 / 3, released to its clients
+    assert state["loss_mean"] == (0, pytest.approx(1.0))
     start = trainer.layout.flatten()
     with torch.no_grad():
         expected_loss = float(F.cross_entropy(trainer.model(data.x), data.y))
-    update = algo.client_update(_ctx(trainer, data, state, round=2))
+    update = client.train(_ctx(trainer, data, state, round=2))
     lam = 0.5 + (2.0 / 4) * (2.0 - 1.0 - 0.01)  # η/N with N = 4
     assert state["lambda"] == pytest.approx(lam)
     assert state["pending"][0] == 2 and state["pending"][1] == pytest.approx(expected_loss, rel=1e-5)
-    assert float(update.extras["climb_lambda"][0]) == pytest.approx(lam)
+    contribution = ContributionContext(client_id=1, round=2, data=data, state=state, learned={}, update=update)
+    assert float(np.asarray(client.contribution(LAMBDA_SUM, contribution))[0]) == pytest.approx(lam)
+    assert float(client.contribution(LOSS_SUM, contribution)[0]) == pytest.approx(expected_loss, rel=1e-5)
     assert float(update.extras["climb_loss"][0]) == pytest.approx(expected_loss, rel=1e-5)
     assert update.num_samples == data.num_samples and update.delta.shape == start.shape
-    # a primal-only round: λ and the pending measurement stay, no loss is reported
+    # a primal-only round: λ and the pending measurement stay, no loss is measured (nor can it be asked for)
     trainer.layout.load(start)
-    update = algo.client_update(_ctx(trainer, data, state, round=3))
+    update = client.train(_ctx(trainer, data, state, round=3))
     assert state["lambda"] == pytest.approx(lam) and state["pending"][0] == 2
     assert "climb_loss" not in update.extras
+    from protocols import PolicyError
+
+    with pytest.raises(PolicyError, match="measured none"):
+        client.contribution(LOSS_SUM, ContributionContext(client_id=1, round=3, data=data, state=state, learned={},
+                                                          update=update))
 
 
 def test_client_without_released_mean_skips_the_step() -> None:
-    algo = Climb(ClimbParams(primal_steps=1))
     trainer, data = _trainer(), _client(2)
-    state = {"lambda": 0.7, "pending": (5, 3.0)}  # round 5's f̄ never reached this client
-    algo.client_update(_ctx(trainer, data, state, round=6))
+    client = Climb(ClimbParams(primal_steps=1)).client(_info(4, trainer.layout.dimension))
+    state = {"lambda": 0.7, "pending": (5, 3.0), "loss_mean": (4, 1.0)}  # round 5's f̄ never reached this client
+    client.train(_ctx(trainer, data, state, round=6))
     assert state["lambda"] == 0.7 and state["pending"][0] == 6
 
 
@@ -149,58 +184,68 @@ LOSSES = {0: 1.0, 1: 2.0, 2: 3.5}
 SIZES = {0: 10, 1: 20, 2: 30}
 
 
-def _updates(round_is_dual: bool) -> list[ClientUpdate]:
-    out = []
-    for c, lam in LAMBDAS.items():
-        extras = {"climb_lambda": torch.tensor([lam], dtype=torch.float64)}
-        if round_is_dual:
-            extras["climb_loss"] = torch.tensor([LOSSES[c]], dtype=torch.float64)
-        delta = torch.linspace(-0.01, 0.01, DIM) * (c + 1)
-        out.append(ClientUpdate(client_id=c, delta=delta, num_samples=SIZES[c], steps=1, loss=0.0, extras=extras))
-    return out
+def _delta(c: int) -> torch.Tensor:
+    return torch.linspace(-0.01, 0.01, DIM) * (c + 1)
 
 
 def _expected_mean() -> torch.Tensor:
     lam_bar = sum(LAMBDAS.values()) / 3
     total = sum(SIZES.values())
-    return sum(SIZES[c] / total * (1 + LAMBDAS[c] - lam_bar) * torch.linspace(-0.01, 0.01, DIM) * (c + 1)
-               for c in LAMBDAS)
+    return sum(SIZES[c] / total * (1 + LAMBDAS[c] - lam_bar) * _delta(c).double() for c in LAMBDAS).float()
+
+
+def _climb_net(protocol: str, *, server_learns: bool = True, options: dict | None = None,
+               primal_steps: int = 2) -> MethodNet:
+    """CLIMB's server half and four client nodes; clients 0-2 hold SIZES samples, client 3 eight."""
+    sizes = {**SIZES, 3: 8}
+    clients = {c: tiny_client(c, n) for c, n in sizes.items()}
+    net = MethodNet(Climb(ClimbParams(primal_steps=primal_steps, server_learns=server_learns)), clients,
+                    num_classes=2, protocol=protocol, update_protocol=protocol if protocol != "plain" else "clear",
+                    options=options)
+    assert net.info.dimension >= DIM  # the hand-made updates fill the first DIM entries of the model
+    return net
 
 
 def _aggregate(protocol: str, *, server_learns: bool = True, options: dict | None = None):
-    stats = GlobalStatistics(clients=range(4), protocol=protocol, protocol_options=options or {})
-    updates = UpdateSum(stats, dimension=DIM, protocol=protocol if protocol != "plain" else "clear", clip=1.0,
-                          frac_bits=24)
-    algo = Climb(ClimbParams(primal_steps=2, server_learns=server_learns))
-    algo.loss_means = {0: 1.5}  # a dual step may have happened: λ̄ must be summed
-    ctx = ServerContext(round=2, global_vector=torch.zeros(DIM), selected=(0, 1, 2), num_clients=4,
-                        stats=stats, updates=updates)
-    new = algo.aggregate(_updates(round_is_dual=True), ctx)
-    return algo, stats, new
+    net = _climb_net(protocol, server_learns=server_learns, options=options)
+    server = net.server
+    assert isinstance(server, ClimbServer)
+    server.dual_rounds, server.loss_means = [0], {0: 1.5}  # a dual step may have happened: λ̄ must be summed
+    d = net.info.dimension
+    for c, lam in LAMBDAS.items():  # each client's own λ_i and this round's update, in its node
+        net.nodes[c].state["lambda"] = lam
+        net.trained(c, 2, torch.nn.functional.pad(_delta(c), (0, d - DIM)),
+                    extras={"climb_loss": torch.tensor([LOSSES[c]], dtype=torch.float64)})
+    new = server.aggregate(net.round(2, (0, 1, 2)))
+    return server, net, new[:DIM]
 
 
 def test_aggregate_hand_made_plain() -> None:
-    algo, stats, new = _aggregate("plain")
+    algo, net, new = _aggregate("plain")
     assert algo.lambda_mean == pytest.approx(0.3, abs=1e-6)  # fixed point, 24 fractional bits
     assert algo.loss_means[2] == pytest.approx(6.5 / 3, abs=1e-6)
     torch.testing.assert_close(new, _expected_mean(), rtol=1e-5, atol=1e-7)
-    names = [r.name for r in stats.records]
+    names = [r.name for r in net.stats.records]
     assert names == ["climb_lambda", "total_samples", "model_update", "climb_loss"]
+    # the clients learned λ̄ and f̄ from the releases; client 3 was not in the round and learned nothing
+    for c in (0, 1, 2):
+        state = net.nodes[c].state
+        assert state["lambda_mean"] == pytest.approx(0.3, abs=1e-6)
+        assert state["loss_mean"][0] == 2 and state["loss_mean"][1] == pytest.approx(6.5 / 3, abs=1e-6)
+    assert "loss_mean" not in net.nodes[3].state and not net.nodes[3].learned
 
 
 def test_lambda_sum_skipped_while_it_cannot_have_changed() -> None:
-    stats = GlobalStatistics(clients=range(3), protocol="plain")
-    updates = UpdateSum(stats, dimension=DIM)
-    algo = Climb(ClimbParams(primal_steps=2))
+    net = _climb_net("plain")
+    server = net.server
+    assert isinstance(server, ClimbServer)
+    d = net.info.dimension
     for r in range(4):
-        ctx = ServerContext(round=r, global_vector=torch.zeros(DIM), selected=(0, 1, 2), num_clients=3,
-                            stats=stats, updates=updates)
-        ups = [ClientUpdate(client_id=u.client_id, delta=u.delta, num_samples=u.num_samples, steps=1, loss=0.0,
-                            extras={"climb_lambda": torch.zeros(1, dtype=torch.float64),
-                                    **({"climb_loss": u.extras["climb_loss"]} if r % 2 == 0 else {})})
-               for u in _updates(round_is_dual=True)]
-        algo.aggregate(ups, ctx)
-    rounds = [(r.name, r.round) for r in stats.records if r.name.startswith("climb")]
+        for c in (0, 1, 2):
+            extras = {"climb_loss": torch.tensor([LOSSES[c]], dtype=torch.float64)} if r % 2 == 0 else {}
+            net.trained(c, r, torch.nn.functional.pad(_delta(c), (0, d - DIM)), extras=extras)
+        server.aggregate(net.round(r, (0, 1, 2)))
+    rounds = [(r.name, r.round) for r in net.stats.records if r.name.startswith("climb")]
     # λ̄ = 0 is public before the first dual step; afterwards summed at dual rounds only
     assert rounds == [("climb_loss", 0), ("climb_lambda", 2), ("climb_loss", 2)]
 
@@ -212,11 +257,14 @@ def test_lambda_sum_skipped_while_it_cannot_have_changed() -> None:
 ])
 def test_secure_averages_equal_plain_averages(protocol: str, options: dict) -> None:
     plain_algo, _, plain_new = _aggregate("plain")
-    algo, stats, new = _aggregate(protocol, options=options)
+    algo, net, new = _aggregate(protocol, options=options)
     assert algo.lambda_mean == pytest.approx(plain_algo.lambda_mean, abs=1e-4)
     assert algo.loss_means[2] == pytest.approx(plain_algo.loss_means[2], abs=1e-4)
     torch.testing.assert_close(new, plain_new, rtol=0, atol=1e-6)
-    assert {r.protocol for r in stats.records} == {protocol}
+    assert {r.protocol for r in net.stats.records} == {protocol}
+    uploads = [e for e in net.transcript if e.sender != SERVER and e.statistic.startswith(("climb", "model"))
+               and e.dimension > 0]
+    assert uploads and not [e for e in uploads if e.visibility is Visibility.CLEAR]
 
 
 # --- what the server can read -----------------------------------------------------------------------
@@ -260,7 +308,7 @@ def test_server_reads_no_client_loss_or_lambda(protocol: str, options: dict, ser
             assert (SERVER in run.learners) == server_learns
             assert set(run.learners) - {SERVER} == set(range(5))  # every client learns f̄ / λ̄
     # the clients' dual variables moved (someone's loss exceeded f̄ + ε)
-    assert max(s.get("lambda", 0.0) for s in sim.client_states.values()) > 0
+    assert max(node.state.get("lambda", 0.0) for node in sim.nodes.values()) > 0
 
 
 def test_plain_protocol_is_readable_control(one_thread: None) -> None:
@@ -272,9 +320,10 @@ def test_plain_protocol_is_readable_control(one_thread: None) -> None:
 
 
 def test_checkpoint_roundtrip() -> None:
-    algo = Climb()
-    algo.loss_means, algo.lambda_mean, algo.lambda_clients = {0: 1.2, 5: 0.9}, 0.4, (0, 1)
-    other = Climb()
+    algo = Climb().server(_info(4))
+    assert isinstance(algo, ClimbServer)
+    algo.dual_rounds, algo.loss_means, algo.lambda_mean, algo.lambda_clients = [0, 5], {0: 1.2, 5: 0.9}, 0.4, (0, 1)
+    other = Climb().server(_info(4))
     other.load_state_dict(algo.state_dict())
     assert other.state_dict() == algo.state_dict()
     with pytest.raises(ValueError):

@@ -10,28 +10,29 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protocols import PROTOCOLS, SERVER, Visibility
+from protocols import PROTOCOLS, SERVER, AbortedError, Visibility
 from secure_fl.algorithms import (
     ClientData,
     LocalObjective,
     LocalTrainer,
     LocalTraining,
-    SetupContext,
     make_algorithm,
 )
 from secure_fl.algorithms.fedshift import (
+    PRIOR_STATE,
     PRIOR_STATISTIC,
     FedShift,
     FedShiftParams,
+    FedShiftServer,
     classifier_shift,
     global_prior,
     smoothed_distribution,
 )
 from secure_fl.losses import make_loss
 from secure_fl.runtime import build_simulation, load_run_dataset
-from secure_fl.stats import GlobalStatistics
 
-WEAK_PAILLIER = {"paillier": {"key_bits": 1024, "allow_weak_keys": True}}
+from .helpers import MethodNet, tiny_client
+
 SECURE = [p for p in PROTOCOLS if p != "plain"]
 
 
@@ -45,18 +46,20 @@ def _counts(num_clients: int = 6, num_classes: int = 10, seed: int = 0) -> dict[
     return out
 
 
-def _setup(counts: dict[int, np.ndarray], protocol: str, **params: object) -> tuple[FedShift, GlobalStatistics]:
-    stats = GlobalStatistics(clients=sorted(counts), protocol=protocol, protocol_options=WEAK_PAILLIER)
-    clients = {
-        cid: ClientData(client_id=cid, x=torch.zeros(int(c.sum()), 1), y=torch.zeros(int(c.sum()), dtype=torch.int64),
-                        class_counts=c)
-        for cid, c in counts.items()
-    }
+def _net(counts: dict[int, np.ndarray], protocol: str, *, overrides: dict[str, str] | None = None,
+         **params: object) -> MethodNet:
+    """FedShift's server half and one node per client holding data with these label counts."""
+    clients = {cid: tiny_client(cid, 0, num_classes=len(c), counts=c) for cid, c in counts.items()}
     method = FedShift(FedShiftParams(**params))  # type: ignore[arg-type]
-    num_classes = len(next(iter(counts.values())))
-    method.setup(SetupContext(num_clients=len(counts), num_classes=num_classes, dimension=1, stats=stats,
-                              clients=clients, device=torch.device("cpu")))
-    return method, stats
+    return MethodNet(method, clients, num_classes=len(next(iter(counts.values()))), protocol=protocol,
+                     overrides=overrides)
+
+
+def _setup(counts: dict[int, np.ndarray], protocol: str, **params: object) -> tuple[FedShiftServer, MethodNet]:
+    net = _net(counts, protocol, **params)
+    net.setup()
+    assert isinstance(net.server, FedShiftServer)
+    return net.server, net
 
 
 # --- the formula ----------------------------------------------------------------------------------
@@ -106,8 +109,9 @@ def test_params_are_checked() -> None:
         make_algorithm("fedshift", {"count_bound": -1})
     with pytest.raises(ValueError, match="unknown parameter"):
         make_algorithm("fedshift", {"lambda": 1.0})
-    with pytest.raises(RuntimeError, match="setup"):
-        FedShift().shift_for([1, 2])
+    net = _net({0: np.array([1, 2])}, "plain")
+    with pytest.raises(RuntimeError, match="has not learned the prior"):
+        net.nodes[0].method.shift_for([1, 2], {})  # type: ignore[attr-defined]
 
 
 def test_shift_is_added_to_the_logits_in_local_training_only() -> None:
@@ -133,38 +137,54 @@ def test_shift_is_added_to_the_logits_in_local_training_only() -> None:
 def test_prior_through_every_protocol_equals_the_plain_prior(protocol: str) -> None:
     counts = _counts()
     plain, _ = _setup(counts, "plain")
-    method, stats = _setup(counts, protocol)
+    method, net = _setup(counts, protocol)
+    stats = net.stats
     truth = sum(counts.values())
     assert plain.histogram is not None and method.histogram is not None and method.prior is not None
     np.testing.assert_array_equal(plain.histogram, truth)
     np.testing.assert_array_equal(method.histogram, truth)
     np.testing.assert_array_equal(method.prior, plain.prior)
+    # every client learned P(y) from the release addressed to it, and keeps it in its own state
+    for node in net.nodes.values():
+        np.testing.assert_array_equal(node.state[PRIOR_STATE], plain.prior)
     declaration = stats.declarations[PRIOR_STATISTIC]
     assert declaration.kind == "int" and declaration.length == 10 and not declaration.per_round
     assert declaration.learners == frozenset({"server", "clients"})
-    assert declaration.bound == max(int(c.sum()) for c in counts.values())
+    # the bound is a public parameter fixed before any input is seen, not derived from the clients' counts
+    assert declaration.bound == FedShiftParams().count_bound >= max(int(c.max()) for c in counts.values())
     [record] = [r for r in stats.records if r.name == PRIOR_STATISTIC]
     assert record.protocol == protocol and record.contributors == tuple(sorted(counts)) and record.clipped == 0
     assert "server" in record.learned_by and any(p.startswith("client-") for p in record.learned_by)
+    # once per run: asked again at set-up (a resumed run), the server answers from its release
+    before = len(net.transcript)
+    net.setup()
+    assert len(net.transcript) == before and np.array_equal(method.histogram, truth)
 
 
 def test_statistic_protocol_override_and_bound() -> None:
     counts = _counts()
-    stats = GlobalStatistics(clients=sorted(counts), protocol="plain", overrides={PRIOR_STATISTIC: "masking"})
-    method = FedShift()
-    clients = {cid: ClientData(cid, torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64), c) for cid, c in counts.items()}
-    method.setup(SetupContext(num_clients=6, num_classes=10, dimension=1, stats=stats, clients=clients,
-                              device=torch.device("cpu")))
-    assert stats.records[-1].protocol == "masking"
-    # a public bound below a client's count is refused, never wrapped around
-    with pytest.raises(Exception, match="bound|range|exceed"):
-        _setup(counts, "plain", count_bound=10)
+    net = _net(counts, "plain", overrides={PRIOR_STATISTIC: "masking"})
+    net.setup()
+    assert net.stats.records[-1].protocol == "masking"
+    # a public bound below a client's count is refused by that client, never wrapped around
+    over = sorted(c for c, n in counts.items() if n.max() > 10)
+    assert over, "the skewed counts exceed the bound somewhere"
+    net = _net(counts, "plain", count_bound=10)
+    if len(over) == len(counts):
+        with pytest.raises(AbortedError):
+            net.setup()
+    else:
+        net.setup()
+        (release,) = net.stats.records
+        assert release.dropouts == tuple(over) and all("BoundError" in r for r in release.refusals)
+    refused = {c for c, node in net.nodes.items() if PRIOR_STATE not in node.state}
+    assert refused >= set(over)
 
 
-def _server_readable(stats: GlobalStatistics, n: int) -> list:
+def _server_readable(net: MethodNet, n: int) -> list:
     """Transcript entries of the prior that the server can read with fewer than all clients mixed in."""
     return [
-        e for e in stats.transcript.select(statistic=PRIOR_STATISTIC)
+        e for e in net.transcript.select(statistic=PRIOR_STATISTIC)
         if e.receiver == SERVER and (e.visibility == Visibility.CLEAR
                                      or (e.visibility == Visibility.AGGREGATE and e.k < n))
     ]
@@ -173,10 +193,10 @@ def _server_readable(stats: GlobalStatistics, n: int) -> list:
 @pytest.mark.parametrize("protocol", SECURE)
 def test_server_reads_no_client_histogram_under_secure_protocols(protocol: str) -> None:
     counts = _counts()
-    _, stats = _setup(counts, protocol)
-    entries = stats.transcript.select(statistic=PRIOR_STATISTIC)
+    _, net = _setup(counts, protocol)
+    entries = net.transcript.select(statistic=PRIOR_STATISTIC)
     assert entries, "the prior must go through the transcript"
-    assert _server_readable(stats, len(counts)) == []
+    assert _server_readable(net, len(counts)) == []
     # what the server does read of it is the aggregate of all clients, nothing per client
     to_server = {e.visibility for e in entries if e.receiver == SERVER}
     assert Visibility.CLEAR not in to_server
@@ -188,8 +208,8 @@ def test_server_reads_no_client_histogram_under_secure_protocols(protocol: str) 
 def test_plain_protocol_does_expose_each_histogram() -> None:
     """The control for the test above: under 'plain' the server reads every client's counts."""
     counts = _counts()
-    _, stats = _setup(counts, "plain")
-    readable = _server_readable(stats, len(counts))
+    _, net = _setup(counts, "plain")
+    readable = _server_readable(net, len(counts))
     assert {e.owner for e in readable} == set(counts)
 
 
@@ -227,11 +247,12 @@ def test_fedshift_beats_fedavg_on_a_strongly_skewed_partition() -> None:
             if config.method.name == "fedshift":
                 assert sim.stats.records[0].name == PRIOR_STATISTIC and sim.stats.records[0].protocol == "paillier"
                 # evaluation scores the unshifted model: recompute the last accuracy by hand
-                sim.layout.load(sim.global_vector)
+                server = sim.server
+                server.layout.load(sim.global_vector)
                 with torch.no_grad():
-                    pred = torch.cat([sim.model(sim.x_test[i:i + 2048]).argmax(1)
-                                      for i in range(0, sim.x_test.shape[0], 2048)])
-                assert float((pred == sim.y_test).double().mean()) == pytest.approx(accs[-1], abs=1e-6)
+                    pred = torch.cat([server.model.model(server.x_test[i:i + 2048]).argmax(1)
+                                      for i in range(0, server.x_test.shape[0], 2048)])
+                assert float((pred == server.y_test).double().mean()) == pytest.approx(accs[-1], abs=1e-6)
     finally:
         torch.set_num_threads(threads)
     assert tails["fedshift"] >= tails["fedavg"] + 0.01, tails

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from protocols import LocalNetwork, Visibility
 from secure_fl.algorithms import FlatLayout
-from secure_fl.config import RunConfig, parse_config
+from secure_fl.config import ExperimentConfig, RunConfig, parse_config
 from secure_fl.data import Dataset
 from secure_fl.device import configure_threads, resolve_device
 from secure_fl.models import build_model
@@ -27,9 +31,14 @@ from secure_fl.runtime import (
     make_selection,
     prepare_partition,
     register_selection,
+    run_experiment,
     selection_class,
 )
-from secure_fl.stats import GlobalStatistics
+from secure_fl.runtime.messages import RUNTIME, Kind, RuntimeMessage
+from secure_fl.stats.coordinator import StatsCoordinator
+from secure_fl.store import DB_NAME, RoundRow, RunStore
+
+from .helpers import make_plan
 
 CPU = torch.device("cpu")
 
@@ -125,7 +134,7 @@ def test_flat_layout_round_trip_includes_float_buffers() -> None:
 # --- selection --------------------------------------------------------------------------------
 
 def test_random_selection_and_registry() -> None:
-    stats = GlobalStatistics(clients=range(10))
+    stats = StatsCoordinator(make_plan(10), LocalNetwork())
     ctx = SelectionContext(round=0, num_clients=10, clients_per_round=4, rng=np.random.default_rng(0), stats=stats)
     chosen = RandomSelection().select(ctx)
     assert len(chosen) == 4 == len(set(chosen)) and list(chosen) == sorted(chosen)
@@ -175,7 +184,13 @@ def test_round_bytes_cover_broadcast_updates_and_statistics() -> None:
     result = sim.run_round()
     d = sim.dimension
     per_stat = sim.stats.bytes_by_statistic(0)
-    assert per_stat["model_broadcast"] == 4 * d * 3 and per_stat["model_update"] == 4 * d * 3
+    train = len(RuntimeMessage(kind=Kind.TRAIN, round=0, digest=bytes(16),
+                               vector=np.zeros(d, dtype=np.float32)).to_bytes())
+    assert train - 4 * d < 64  # the model in float32 and a small header
+    assert per_stat["model_broadcast"] == train * 3
+    uploads = [e for e in sim.transcript.select(statistic="model_update", round=0) if e.stage == "upload"]
+    assert len(uploads) == 3 and all(4 * d < e.bytes < 4 * d + 64 for e in uploads)
+    assert per_stat["model_update"] == sum(e.bytes for e in sim.transcript.select(statistic="model_update", round=0))
     assert per_stat["total_samples"] > 0
     assert len(result.selected) == 3 and result.clipped == 0 and result.train_loss > 0
     metrics = sim.evaluate()
@@ -197,9 +212,14 @@ def test_secure_update_aggregation_tracks_the_clear_run(protocol: str) -> None:
 
 
 def test_clipping_of_updates_is_counted() -> None:
-    sim = build(config(update_protocol="plain", update_clip=1e-4))
+    # a bound on the fixed-point grid (2**-13); off-grid bounds hit a core bug, see test_stats
+    sim = build(config(update_protocol="plain", update_clip=2.0**-13))
     result = sim.run_round()
-    assert result.clipped > 0 and sim.updates.clipped_total == result.clipped
+    (update,) = [r for r in sim.stats.records if r.name == "model_update"]
+    assert update.contributors == result.selected  # nobody refused: clipping is declared for updates
+    assert result.clipped > 0 and sim.server.updates.clipped_total == result.clipped == update.clipped
+    # the server learned the total count from the sum; each node knows only its own
+    assert sum(sim.nodes[c].participant.clipped for c in result.selected) == result.clipped
 
 
 def test_checkpoint_and_restore_continue_exactly() -> None:
@@ -207,10 +227,15 @@ def test_checkpoint_and_restore_continue_exactly() -> None:
     straight = build(cfg)
     expected = play(straight, 4)
     first = build(cfg)
-    play(first, 2)
+    selected = {c for _ in range(2) for c in first.run_round().selected}
+    first.evaluate()
     checkpoint = first.checkpoint()
-    assert checkpoint.round == 1 and set(checkpoint.clients) == set(first.client_states)
-    resumed = build(cfg)
+    # a snapshot of every node that took part (the others hold nothing yet)
+    assert checkpoint.round == 1 and set(checkpoint.clients) == selected
+    assert not first.checkpoint().clients  # nothing changed since: nothing to save again
+    resumed = build_simulation(cfg, device=CPU, dataset=synthetic())
+    resumed.prepare_resume(checkpoint)
+    resumed.setup()
     resumed.restore(checkpoint)
     assert resumed.next_round == 2
     assert play(resumed, 2) == expected[2:]
@@ -281,3 +306,136 @@ def test_cuda_round_matches_cpu_round_closely() -> None:
     play(cpu, 2)
     play(gpu, 2)
     assert float((cpu.global_vector - gpu.global_vector.cpu()).abs().max()) < 1e-3
+
+
+# --- resume through the store -------------------------------------------------------------------
+
+RESUME = """
+name = "resume-{method}"
+seed = 11
+[data]
+dataset = "digits"
+num_clients = 4
+partition = "dirichlet"
+partition_params = {{ alpha = 0.5 }}
+minority_classes = [2]
+[model]
+name = "mlp"
+hidden = [16]
+[train]
+rounds = 4
+clients_per_round = 3
+batch_size = 32
+lr = 0.1
+[method]
+{method_lines}
+[secure]
+{secure_lines}
+[secure.paillier]
+key_bits = 1024
+allow_weak_keys = true
+"""
+
+RESUMED_METHODS = {
+    # FedAvg: total_samples and the updates (clear)
+    "fedavg": ('name = "fedavg"', 'protocol = "plain"'),
+    # FedShift: its once-per-run prior through Paillier (keys and the release checkpointed, never redone)
+    "fedshift": ('name = "fedshift"', 'protocol = "plain"\n[secure.statistics]\nlabel_histogram = "paillier"'),
+    # CLIMB: every statistic (f̄, λ̄, total_samples) through masking; its λ_i live in the nodes' snapshots
+    "climb": ('name = "climb"\nprimal_steps = 1\ndual_lr = 8.0', 'protocol = "masking"'),
+}
+
+
+def resume_experiment(method: str) -> ExperimentConfig:
+    method_lines, secure_lines = RESUMED_METHODS[method]
+    return parse_config(RESUME.format(method=method, method_lines=method_lines, secure_lines=secure_lines))
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAfter:
+    """An observer that kills the run once round ``round`` has run, before it is stored."""
+
+    def __init__(self, round: int) -> None:
+        self.round = round
+
+    def run_started(self, run: Any, *, position: int, total: int, start_round: int) -> None: ...
+
+    def client_finished(self, run: Any, round: int, done: int, total: int) -> None:
+        if round == self.round:
+            raise Interrupt(f"interrupted in round {round}")
+
+    def round_finished(self, run: Any, row: Any) -> None: ...
+
+    def run_finished(self, run: Any, summary: Any) -> None: ...
+
+
+def comparable(row: RoundRow) -> RoundRow:
+    return dataclasses.replace(row, seconds=0.0)
+
+
+@pytest.mark.parametrize("method", sorted(RESUMED_METHODS))
+def test_interrupted_and_resumed_run_ends_as_an_uninterrupted_one(method: str, tmp_path: Path) -> None:
+    experiment = resume_experiment(method)
+    with RunStore(tmp_path / "straight" / DB_NAME) as store:
+        (straight,) = run_experiment(experiment, store, device=CPU)
+        want = store.rounds(straight.id)
+    with RunStore(tmp_path / "resumed" / DB_NAME) as store:
+        with pytest.raises(Interrupt):
+            run_experiment(experiment, store, device=CPU, observer=StopAfter(2))
+        (run,) = store.list_runs()
+        assert run.status == "failed" and run.rounds_done == 2
+        checkpoint = store.checkpoint(run.id)
+        assert checkpoint is not None and checkpoint.round == 1 and checkpoint.clients
+        (resumed,) = run_experiment(experiment, store, device=CPU, resume=run.id)
+        got = store.rounds(resumed.id)
+    assert [r.round for r in got] == [0, 1, 2, 3]
+    assert [comparable(r) for r in got] == [comparable(r) for r in want]
+    assert resumed.final == straight.final and resumed.tail == straight.tail
+    if method == "fedshift":  # keys and prior once, in round 0; the resumed set-up was answered, not redone
+        assert {"setup", "label_histogram"} <= set(got[0].bytes)
+        assert not [r for r in got[1:] if {"setup", "label_histogram"} & set(r.bytes)]
+    if method == "climb":  # the dual variables moved after the resume, carried on by the restored nodes
+        assert all(r.metrics.get("lambda_mean") for r in got[2:]) and "climb_loss" in got[3].bytes
+
+
+# --- what a round's transcript holds -----------------------------------------------------------
+
+def test_transcript_holds_the_runtime_messages_and_the_opens(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(config(), method=dataclasses.replace(config().method, name="scaffold"))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, rounds=2))
+    sim = build_simulation(cfg, device=CPU)
+    sim.setup()
+    results = [sim.run_round() for _ in range(2)]
+    transcript = sim.transcript
+    d = sim.dimension
+    for result in results:
+        runtime = [e for e in transcript.select(round=result.round) if e.protocol == RUNTIME]
+        trains = [e for e in runtime if e.stage == "train"]
+        broadcasts = [e for e in runtime if e.stage == "broadcast"]
+        # the global model and SCAFFOLD's c go to each member of the cohort, and to nobody else
+        assert sorted(e.receiver for e in trains) == sorted(e.receiver for e in broadcasts) == list(result.selected)
+        assert {e.statistic for e in trains} == {"model_broadcast"}
+        assert {e.statistic for e in broadcasts} == {"control_broadcast"}
+        assert all(e.dimension == d and e.visibility is Visibility.PUBLIC for e in runtime)
+        assert not [e for e in runtime if e.stage == "refuse"]
+        # every statistic of the round opened with a public `open` to each member of its cohort
+        for name in ("total_samples", "model_update", "control_update"):
+            opens = [e for e in transcript.select(statistic=name, round=result.round) if e.stage == "open"]
+            assert sorted(e.receiver for e in opens) == list(result.selected), name
+            assert all(e.visibility is Visibility.PUBLIC for e in opens)
+    # the stored rows count every message of the round, the runtime messages and the opens included
+    with RunStore(tmp_path / DB_NAME) as store:
+        (summary,) = run_experiment(ExperimentConfig(name=cfg.name, source="test", runs=(cfg,)), store,
+                                    device=CPU)
+        rows = store.rounds(summary.id)
+    for row, result in zip(rows, results):
+        expected = Counter[str]()
+        for e in transcript.select(round=result.round):
+            expected[e.statistic] += e.bytes
+        assert row.bytes == dict(expected)
+        assert row.bytes["model_broadcast"] == sum(e.bytes for e in transcript.select(round=row.round)
+                                                   if e.stage == "train")
+        assert row.bytes_total == sum(e.bytes for e in transcript.select(round=row.round))

@@ -4,10 +4,11 @@ per-round ε in the store, resume of the accounting, and the methods' per-round 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,16 +17,17 @@ import numpy as np
 import pytest
 import torch
 
-from protocols.errors import BoundError
+from protocols import AbortedError
 from secure_fl.algorithms import (
     ALGORITHMS,
-    ClientUpdate,
-    FedAvg,
     FedAvgParams,
-    ServerContext,
+    Method,
+    RunInfo,
+    ServerRound,
     register_algorithm,
 )
 from secure_fl.algorithms.base import DP_SGD_STATE, check_round_metrics
+from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from secure_fl.cli import runs as runs_command
 from secure_fl.cli.run import format_rounds, format_summary
 from secure_fl.config import ConfigError, parse_config
@@ -34,13 +36,15 @@ from secure_fl.privacy import PrivacyBudgetError, PrivacyLedger, formal_guarante
 from secure_fl.privacy.dpsgd import DPSGDState
 from secure_fl.runtime import run_experiment
 from secure_fl.stats import (
-    GlobalStatistics,
+    MODEL_UPDATE,
     StatisticDeclaration,
     StatisticPrivacy,
     StatisticsPrivacy,
-    UpdateSum,
+    UpdateSettings,
 )
 from secure_fl.store import DB_NAME, SCHEMA_VERSION, RunStore
+
+from .helpers import StatsNet, make_plan
 
 pytestmark = pytest.mark.filterwarnings("ignore::secure_fl.privacy.InsecureRandomWarning")
 
@@ -93,7 +97,8 @@ class Interrupt(Exception):
 
 @dataclass
 class StopAt:
-    """An observer that interrupts the run after ``clients`` clients of round ``round`` (mid-round)."""
+    """An observer that interrupts the run once ``clients`` clients of round ``round`` trained, before the
+    round is stored (the simulation reports a round's trained clients once, when its updates are summed)."""
 
     round: int
     clients: int = 1
@@ -101,7 +106,7 @@ class StopAt:
     def run_started(self, run: Any, *, position: int, total: int, start_round: int) -> None: ...
 
     def client_finished(self, run: Any, round: int, done: int, total: int) -> None:
-        if round == self.round and done == self.clients:
+        if round == self.round and done >= self.clients:
             raise Interrupt(f"interrupted in round {round}")
 
     def round_finished(self, run: Any, row: Any) -> None: ...
@@ -128,7 +133,8 @@ def _client_states(path: Path, run_id: str) -> dict[int, dict[str, Any]]:
         rows = con.execute("SELECT client, state FROM client_states WHERE run_id = ?", (run_id,)).fetchall()
     finally:
         con.close()
-    return {int(c): load_state(bytes(blob)) for c, blob in rows}
+    # each blob is a node's snapshot; the method's persistent client state is its "state"
+    return {int(c): load_state(bytes(blob))["state"] for c, blob in rows}
 
 
 # --- DP-SGD ---------------------------------------------------------------------------------------
@@ -186,61 +192,75 @@ HISTOGRAM = StatisticDeclaration(name="label_histogram", length=10, bound=500, k
 def test_noisy_statistic_within_tail_and_ledger_matches_calibration() -> None:
     clients = 10
     privacy = StatisticsPrivacy({"label_histogram": StatisticPrivacy(epsilon=1.0, delta=1e-5)}, rounds=4)
-    stats = GlobalStatistics(clients=range(clients), protocol="plain", privacy=privacy)
+    other = StatisticDeclaration(name="other", length=1, bound=10)
+    net = StatsNet(make_plan(clients, privacy=privacy), [HISTOGRAM, other])
+    stats = net.coordinator
     rng = np.random.default_rng(0)
     inputs = {c: rng.integers(0, 400, size=10) for c in range(clients)}
     true = sum(inputs.values())
     diffs = []
     for r in range(4):
-        total = stats.request(HISTOGRAM, inputs, round=r)
+        release = net.request(HISTOGRAM, inputs, round=r)
         noisy = stats.noisy["label_histogram"]
-        assert np.all(np.abs(total - true) <= clients * noisy.noise_bound)
-        diffs.append(total - true)
-    assert np.any(np.concatenate(diffs) != 0)  # noise was added (σ of the sum ≈ 5)
+        assert release.value is not None and release.contributors == tuple(range(clients))
+        assert np.all(np.abs(release.value - true) <= clients * noisy.noise_bound)
+        assert release.clipped is None and release.noise is not None  # a clip count would escape the noise
+        assert release.epsilon is not None and release.epsilon <= 1.0 + 1e-9
+        diffs.append(release.value - true)
+    assert np.any(np.concatenate(diffs) != 0)  # the clients added noise (σ of the sum ≈ 5)
     assert noisy.mechanism.name == "skellam" and noisy.config.releases == 4
-    ledger = stats.privacy_ledger
+    ledger = stats.ledger
     assert ledger is not None and ledger.count("label_histogram") == 4
     assert all(r.sigma == noisy.sigma and r.contributors == clients for r in ledger.releases)
     eps = ledger.guarantee(1e-5, statistic="label_histogram").epsilon
     assert 0.98 < eps <= 1.0 + 1e-9  # the calibration's budget, used up by the planned releases
     assert formal_guarantees(ledger, delta=1e-5)["label_histogram"].epsilon == pytest.approx(eps)
+    before = len(net.transcript)
     with pytest.raises(PrivacyBudgetError, match="releases = N"):
-        stats.request(HISTOGRAM, inputs, round=4)
-    # un-noised statistics are untouched; values outside the box still need clip=True
-    assert stats.request(StatisticDeclaration(name="other", length=1, bound=10), {0: [3], 1: [4]}, round=0)[0] == 7
-    stats2 = GlobalStatistics(clients=range(3), protocol="plain", privacy=StatisticsPrivacy(
-        {"default": StatisticPrivacy(epsilon=1.0, releases=2)}))
-    with pytest.raises(BoundError):
-        stats2.request(HISTOGRAM, {0: np.full(10, 600)}, round=0)
-    stats2.request(HISTOGRAM, {0: np.full(10, 600), 1: np.zeros(10)}, round=0, clip=True)
-    assert stats2.records[-1].clipped >= 10
+        net.request(HISTOGRAM, inputs, round=4)
+    assert len(net.transcript) == before  # refused before any client was asked
+    # un-noised statistics are untouched
+    assert net.request(other, {0: [3], 1: [4]}).scalar() == 7
+    # values outside the box need a declaration that clips: without it the client refuses
+    updates = UpdateSettings(dimension=3, protocol="plain", clip=1.0, frac_bits=16)
+    boxed_privacy = StatisticsPrivacy({"default": StatisticPrivacy(epsilon=1.0, releases=2)})
+    clipping = dataclasses.replace(HISTOGRAM, name="clipped_histogram", clip=True)
+    net2 = StatsNet(make_plan(3, privacy=boxed_privacy, updates=updates), [HISTOGRAM, clipping])
+    with pytest.raises(AbortedError):
+        net2.request(HISTOGRAM, {0: np.full(10, 600)})
+    release = net2.request(HISTOGRAM, {0: np.full(10, 600), 1: np.zeros(10)}, round=1)
+    assert release.contributors == (1,) and "BoundError" in release.refusals[0]
+    release = net2.request(clipping, {0: np.full(10, 600), 1: np.zeros(10)})
+    assert release.contributors == (0, 1) and release.clipped is None
+    assert net2.participants[0].clipped >= 10  # the client knows what it clipped; the server does not
     # without a record sensitivity, the whole contribution (the box) is the sensitivity: more noise
     plain = StatisticDeclaration(name="label_histogram", length=10, bound=500, kind="int")
     boxed = StatisticsPrivacy({"default": StatisticPrivacy(epsilon=1.0)}).noisy_sum(
         plain, clients=10, contributors=10, ledger=PrivacyLedger())
     assert boxed is not None and boxed.sigma > 100 * noisy.sigma
     # model-sized update sums are never noised by [privacy.statistics] (DP-SGD protects updates)
-    updates = UpdateSum(stats2, dimension=3, protocol="plain", clip=1.0, frac_bits=16)
-    summed = updates.sum({0: torch.tensor([0.25, -0.5, 0.125]), 1: torch.tensor([0.25, 0.5, 0.0])},
-                         statistic="model_update", round=0)
-    assert torch.equal(summed, torch.tensor([0.5, 0.0, 0.125])) and "model_update" in stats2.unnoised
+    summed, release = net2.update_sum(MODEL_UPDATE, {0: torch.tensor([0.25, -0.5, 0.125]),
+                                                     1: torch.tensor([0.25, 0.5, 0.0])})
+    assert torch.equal(summed, torch.tensor([0.5, 0.0, 0.125]))
+    assert release.epsilon is None and release.noise is None and MODEL_UPDATE not in net2.coordinator.noisy
 
 
 def test_setup_releases_are_replayed_on_resume_not_recharged() -> None:
     privacy = StatisticsPrivacy({"default": StatisticPrivacy(epsilon=1.0, secure_mode=False)}, seed=1)
     once = StatisticDeclaration(name="prior", length=10, bound=500, per_round=False, record_sensitivity=1)
     inputs = {c: np.arange(10) * c for c in range(5)}
-    first = GlobalStatistics(clients=range(5), privacy=privacy)
-    with first.once_per_run():
-        total = first.request(once, inputs, round=0)
-    state = json.loads(json.dumps(first.privacy_state()))
-    again = GlobalStatistics(clients=range(5), privacy=privacy)
-    again.load_privacy_state(state)
-    with again.once_per_run():
-        assert np.array_equal(again.request(once, inputs, round=0), total)
-    assert again.privacy_ledger is not None and again.privacy_ledger.count("prior") == 1
+    first = StatsNet(make_plan(5, privacy=privacy), [once])
+    total = first.request(once, inputs, round=0)
+    assert total.value is not None and total.epsilon is not None
+    state = json.loads(json.dumps(first.coordinator.state()))  # the server's checkpoint: plain JSON
+    again = StatsNet(make_plan(5, privacy=privacy), [once])
+    again.coordinator.load_state(state)
+    replay = again.request(once, inputs, round=0)
+    assert replay.value is not None and np.array_equal(replay.value, total.value)
+    assert replay.contributors == total.contributors and len(again.transcript) == 0  # answered, not summed
+    assert again.coordinator.ledger is not None and again.coordinator.ledger.count("prior") == 1
     with pytest.raises(PrivacyBudgetError):  # a genuinely new release of a once-per-run statistic
-        again.request(once, {c: v + 1 for c, v in inputs.items()}, round=0)
+        again.request(once, {c: v + 1 for c, v in inputs.items()}, round=1)
 
 
 def test_noisy_statistic_in_a_run_is_stored_per_round(reference: dict[str, Any]) -> None:
@@ -258,24 +278,30 @@ def test_noisy_statistic_in_a_run_is_stored_per_round(reference: dict[str, Any])
 
 # --- the metrics channel --------------------------------------------------------------------------
 
-@register_algorithm("test_metrics_probe")
-class MetricsProbe(FedAvg):
-    Params = FedAvgParams
+class ProbeServer(FedAvgServer):
+    """FedAvg's server half reporting numbers it knows: the step it took and a count of rounds."""
 
-    def __init__(self, params: FedAvgParams | None = None) -> None:
-        super().__init__(params)
+    def __init__(self, params: FedAvgParams, info: RunInfo) -> None:
+        super().__init__(params, info)
         self.rounds = 0
 
-    def aggregate(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> torch.Tensor:
-        new = super().aggregate(updates, ctx)
+    def aggregate(self, ctx: ServerRound) -> torch.Tensor:
+        new = super().aggregate(ctx)
         ctx.metrics["update_norm"] = float(torch.linalg.vector_norm(new - ctx.global_vector))
         return new
 
-    def after_round(self, updates: Sequence[ClientUpdate], ctx: ServerContext) -> None:
+    def after_round(self, ctx: ServerRound) -> None:
         self.rounds += 1
 
     def round_metrics(self) -> Mapping[str, float]:
         return {"cosine": 1.0 / self.rounds, "lambda_bar": float("nan")}
+
+
+@register_algorithm("test_metrics_probe")
+class MetricsProbe(Method):
+    Params = FedAvgParams
+    Server = ProbeServer
+    Client = FedAvgClient
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -345,12 +371,12 @@ def test_target_epsilon_derives_the_noise_for_the_planned_rounds(digits) -> None
     from secure_fl.privacy.dpsgd import sample_rate
 
     worst = 0.0
-    for data in sim.clients.values():  # every client trained in all 5 rounds stays within the target
-        q = sample_rate(data.num_samples, 32)
+    for node in sim.nodes.values():  # every client trained in all 5 rounds stays within the target
+        q = sample_rate(node.data.num_samples, 32)
         state = DPSGDState(history=[(cfg.noise_multiplier, q, 5 * round(1 / q))])
         worst = max(worst, state.epsilon(1e-5))
     assert 2.9 < worst <= 3.0 + 1e-6
-    assert sim.privacy_ledger is None and sim.privacy_guarantees() == {}  # nothing trained or released yet
+    assert sim.stats.ledger is None and sim.privacy_guarantees() == {}  # nothing trained or released yet
 
 
 def test_schema_1_store_is_migrated_in_place(tmp_path: Path) -> None:
