@@ -282,13 +282,15 @@ class ClientEndpoint:
         from .descriptors import descriptor
 
         stage_names = descriptor(env.protocol).stages
-        context = RunContext(env.protocol, env.run_id, 0, "unknown", stage_names)
+        live = self._live.get(env.run_id)
+        context = live[2] if live is not None else RunContext(env.protocol, env.run_id, 0, "unknown", stage_names)
         try:
             if env.sender != SERVER:
                 raise StageError("clients accept messages from the server only")
             if env.stage == OPEN:
-                return self._open(env, stage_names)
-            live = self._live.get(env.run_id)
+                request = SumRequest.from_bytes(env.payload, clients=self._clients(env.protocol))
+                context = RunContext(env.protocol, env.run_id, request.round, request.statistic, stage_names)
+                return self._open(env, request, context)
             if live is None:
                 raise StageError("no live run with this id here")
             party, request, context = live
@@ -300,15 +302,15 @@ class ClientEndpoint:
             out_env = Envelope(env.protocol, REFUSE, env.run_id, self.party_id, SERVER, reason)
             return [Message(out_env.to_bytes(), context.label(REFUSE, Exposure.public()))]
 
-    def _open(self, env: Envelope, stage_names: Mapping[int, str]) -> list[Message]:
+    def _clients(self, protocol: str) -> tuple[PartyId, ...]:
+        return next(s.clients for (p, _), s in self.sessions.items() if p == protocol)
+
+    def _open(self, env: Envelope, request: SumRequest, context: RunContext) -> list[Message]:
         if env.run_id in self._seen:
             raise ReplayError("this run was opened here before")
-        clients = next(s.clients for (p, _), s in self.sessions.items() if p == env.protocol)
-        request = SumRequest.from_bytes(env.payload, clients=clients)
         session = self.sessions.get((env.protocol, request.session))
         if session is None:
             raise StageError(f"no {env.protocol!r} session {request.session!r} at this client")
-        context = RunContext(env.protocol, env.run_id, request.round, request.statistic, stage_names)
         values = None
         if request.kind in ("sum", "store") and self.party_id in request.participants:
             values = self.contribute(env.protocol, request)

@@ -90,7 +90,7 @@ class StatisticDeclaration:
             if isinstance(self.record_sensitivity, list):
                 object.__setattr__(self, "record_sensitivity", norms)
         if not isinstance(self.clip, bool):
-            raise ValueError(f"statistic {self.name}: clip must be true or false, got {self.clip!r}")
+            raise ValueError(f"statistic {self.name}: clip must be true or false, got {self.clip!r}")  # noqa: TRY004
         if self.contribution_bound is not None and (
             isinstance(self.contribution_bound, bool) or not isinstance(self.contribution_bound, (int, float))
             or not math.isfinite(self.contribution_bound) or self.contribution_bound <= 0

@@ -26,8 +26,10 @@ from protocols import (
     EncodingError,
     Message,
     PolicyError,
+    ProtocolError,
     RunResult,
     SumRequest,
+    WireError,
     descriptor,
     encode,
 )
@@ -35,7 +37,7 @@ from protocols import (
 from .declaration import StatisticDeclaration
 from .plan import Layout, Layouts, StatisticsPlan
 from .release import Learned
-from .tally import read_tally, with_tally
+from .tally import read_tally, tally
 
 __all__ = ["StatsParticipant"]
 
@@ -94,7 +96,10 @@ class StatsParticipant:
         elif protocol != self.plan.protocol_for(declaration):
             raise PolicyError(f"statistic {declaration.name!r} goes through {self.plan.protocol_for(declaration)!r} "
                               f"in this run, not {protocol!r}")
-        layout = self.layouts(declaration, len(request.participants), protocol)
+        # A store run (Dubhe's counts, protocols.argmin) is encoded for the largest try it will
+        # enter, a public parameter of the run, not for the clients uploading in this request.
+        summands = request.spec.summands if request.kind == "store" and request.spec else len(request.participants)
+        layout = self.layouts(declaration, summands, protocol)
         if request.spec != layout.spec:
             raise PolicyError(f"statistic {declaration.name!r}: the requested encoding {request.spec} is not the "
                               f"declared one {layout.spec}")
@@ -115,21 +120,23 @@ class StatsParticipant:
             raise EncodingError(f"statistic {declaration.name!r}: {vector.size} entries, declared {declaration.length}")
         if not np.all(np.isfinite(vector)):
             raise EncodingError(f"statistic {declaration.name!r}: the vector holds NaN or infinity")
-        values = self._prepare(declaration, layout, vector, request.round)
+        values, clipped = self._prepare(declaration, layout, vector, request.round)
         if not declaration.per_round:
             self.once[declaration.name] = request.round
         if not descriptor(protocol).encoded:
             return values
-        return encode(layout.spec, values).values
+        encoded = encode(layout.base, values).values
+        return np.concatenate([encoded, tally(layout.base, clipped, layout.digits)]) if layout.digits else encoded
 
     def _prepare(self, declaration: StatisticDeclaration, layout: Layout, vector: npt.NDArray[np.float64],
-                 round: int) -> npt.NDArray[np.float64]:
+                 round: int) -> tuple[npt.NDArray[np.float64], int]:
+        """The vector to encode (clipped, or noised) and how many entries this client clipped."""
         low = -float(declaration.bound) if declaration.signed else 0.0
         high = float(declaration.bound)
         outside = (vector < low) | (vector > high)
         if np.any(outside) and not declaration.clip and descriptor(layout.protocol).encoded:
             index = int(np.flatnonzero(outside)[0])
-            raise BoundError(f"statistic {declaration.name!r}: entry {index} = {vector[index]!r} is outside "
+            raise BoundError(f"statistic {declaration.name!r}: entry {index} = {float(vector[index])!r} is outside "
                              f"[{low}, {high}] and the declaration does not allow clipping")
         if layout.noisy is not None:
             noisy = layout.noisy
@@ -139,13 +146,12 @@ class StatsParticipant:
                 noisy.rng = SeededRandom(self.noise_seed(declaration.name, round))
             perturbed, clipped_inputs, clipped_noise = noisy.perturb(vector)
             self.clipped += clipped_inputs + clipped_noise
-            return perturbed
+            return perturbed, clipped_inputs + clipped_noise
         if not descriptor(layout.protocol).encoded:
-            return vector
+            return vector, 0
         clipped = int(np.count_nonzero(outside))
         self.clipped += clipped
-        values = np.clip(vector, low, high) if clipped else vector
-        return with_tally(layout.base, values, clipped, layout.digits) if layout.digits else values
+        return (np.clip(vector, low, high) if clipped else vector), clipped
 
     # --- results --------------------------------------------------------------------------------
 
@@ -172,12 +178,22 @@ class StatsParticipant:
         return {"sessions": sessions, "once": dict(self.once), "clipped": self.clipped}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        for label, data in state.get("sessions", {}).items():
-            name, _, tag = str(label).partition("/")
-            key: str | tuple[str, str] = (name, tag) if tag else name
-            if key not in self.sessions:
-                raise ValueError(f"snapshot holds a session {label!r} this run does not plan")
-            self.sessions[key].load_bytes(bytes.fromhex(str(data)))
-        self.once = {str(k): int(v) for k, v in state.get("once", {}).items()}
-        self.clipped = int(state.get("clipped", 0))
+        """Restore :meth:`state` whole or not at all (a refused snapshot changes nothing)."""
+        before = self.state()
+        try:
+            sessions = state["sessions"]
+            once = {str(k): int(v) for k, v in state["once"].items()}
+            clipped = int(state["clipped"])
+            for label, data in sessions.items():
+                name, _, tag = str(label).partition("/")
+                key: str | tuple[str, str] = (name, tag) if tag else name
+                if key not in self.sessions:
+                    raise WireError(f"snapshot holds a session {label!r} this run does not plan")
+                self.sessions[key].load_bytes(bytes.fromhex(str(data)))
+        except (KeyError, TypeError, ValueError, AttributeError, ProtocolError) as error:
+            for label, data in before["sessions"].items():
+                name, _, tag = label.partition("/")
+                self.sessions[(name, tag) if tag else name].load_bytes(bytes.fromhex(data))
+            raise WireError(f"not a participant snapshot: {type(error).__name__}: {error}") from None
+        self.once, self.clipped = once, clipped
         self.endpoint.forget()

@@ -8,9 +8,10 @@ A digit never exceeds ``entry_max``, so the digits need no wider slots than the 
 own entries and the sum of a column never wraps (the encoding's headroom bits cover it);
 the total is ``Σ_j S_j B^j`` with ``S_j`` the summed column ``j``: exact, in Python integers.
 
-A digit ``e`` is placed as the real value whose encoding is exactly ``e``: ``e / scale``
-(unsigned) or ``(e − m) / scale`` (signed, offset ``m``), both exact in float64 for the
-encodings :class:`~protocols.VectorSpec` admits.
+The digits are appended to the *encoded* vector (each an encoded entry in ``[0, entry_max]``),
+so they never pass through the statistic's bound or rounding. A protocol decodes the sum's
+tail like any entry — ``S_j / scale``, minus ``k·m / scale`` for a signed spec with offset
+``m`` — which :func:`read_tally` undoes exactly (float64 holds every such value).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy.typing as npt
 
 from protocols import VectorSpec
 
-__all__ = ["digits_for", "read_tally", "with_tally"]
+__all__ = ["digits_for", "read_tally", "tally"]
 
 
 def digits_for(spec: VectorSpec, length: int) -> int:
@@ -33,18 +34,17 @@ def digits_for(spec: VectorSpec, length: int) -> int:
     return digits
 
 
-def with_tally(spec: VectorSpec, vector: npt.NDArray[np.float64], clipped: int, digits: int) -> npt.NDArray[np.float64]:
-    """``vector`` followed by the ``digits`` base-``B`` digits of ``clipped`` as real values."""
+def tally(spec: VectorSpec, clipped: int, digits: int) -> npt.NDArray[np.uint64]:
+    """The ``digits`` base-``B`` digits of ``clipped``, as encoded entries to append to an encoded vector."""
     base = spec.entry_max + 1
     if not 0 <= clipped < base**digits:
         raise ValueError(f"{clipped} clipped entries do not fit {digits} digits")
-    tail = np.empty(digits, dtype=np.float64)
+    out = np.empty(digits, dtype=np.uint64)
     rest = clipped
-    offset = spec.magnitude if spec.signed else 0
     for j in range(digits):
         rest, digit = divmod(rest, base)
-        tail[j] = (digit - offset) / spec.scale
-    return np.concatenate([vector, tail])
+        out[j] = digit
+    return out
 
 
 def read_tally(spec: VectorSpec, total: npt.NDArray[np.float64], digits: int,
@@ -55,6 +55,6 @@ def read_tally(spec: VectorSpec, total: npt.NDArray[np.float64], digits: int,
     offset = contributors * (spec.magnitude if spec.signed else 0)
     clipped = 0
     for j in reversed(range(digits)):
-        column = int(round(float(tail[j]) * spec.scale)) + offset
+        column = round(float(tail[j]) * spec.scale) + offset
         clipped = clipped * base + column
     return values, clipped

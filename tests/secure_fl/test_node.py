@@ -139,17 +139,11 @@ def test_a_corrupt_snapshot_is_one_typed_error(trained: Simulation, corrupt: Any
         target.restore(corrupt(blob))
 
 
-UNTYPED = pytest.mark.xfail(strict=True, reason="core bug: ClientNode.restore lets the content's own errors "
-                                               "(ValueError, TypeError) escape untyped (see report)")
-PARTIAL = pytest.mark.xfail(strict=True, reason="core bug: ClientNode.restore replaces the node's state before "
-                                                "the rest of the snapshot is checked (see report)")
-
-
 @pytest.mark.parametrize("field,value", [
-    pytest.param("trained_round", "yesterday", marks=UNTYPED, id="round-not-a-number"),
-    pytest.param("state", [1, 2], marks=UNTYPED, id="state-not-a-dict"),
-    pytest.param("participant", {"sessions": {"rot13/": "00"}}, marks=UNTYPED, id="unplanned-session"),
-    pytest.param("participant", {"sessions": {"paillier/": "zz"}}, marks=UNTYPED, id="session-not-hex"),
+    pytest.param("trained_round", "yesterday", id="round-not-a-number"),
+    pytest.param("state", [1, 2], id="state-not-a-dict"),
+    pytest.param("participant", {"sessions": {"rot13/": "00"}}, id="unplanned-session"),
+    pytest.param("participant", {"sessions": {"paillier/": "zz"}}, id="session-not-hex"),
     pytest.param("participant", {"sessions": {"paillier/": "00ff"}}, id="session-garbage"),
 ])
 def test_a_well_formed_but_wrong_snapshot_is_one_typed_error(trained: Simulation, field: str, value: Any) -> None:
@@ -161,7 +155,6 @@ def test_a_well_formed_but_wrong_snapshot_is_one_typed_error(trained: Simulation
         target.restore(dump_state(saved))
 
 
-@PARTIAL
 def test_a_refused_snapshot_leaves_the_node_as_it_was(trained: Simulation) -> None:
     cid = next(c for c, node in trained.nodes.items() if node.state)
     saved = load_state(trained.nodes[cid].snapshot())

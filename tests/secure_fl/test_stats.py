@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocols import SERVER, AbortedError, Reveal, VectorSpec, Visibility, decode_sum, encode
+from protocols.encoding import check_encoded
 from protocols.wire import Envelope
 from secure_fl.algorithms import LocalTraining, RunInfo, ServerRound
 from secure_fl.stats import (
@@ -20,7 +21,7 @@ from secure_fl.stats import (
     StatisticDeclaration,
     UpdateSettings,
 )
-from secure_fl.stats.tally import digits_for, read_tally, with_tally
+from secure_fl.stats.tally import digits_for, read_tally, tally
 
 from .helpers import StatsNet, make_plan
 
@@ -217,8 +218,6 @@ def test_participant_refuses_a_statistic_it_did_not_declare() -> None:
     assert release.bytes == sum(e.bytes for e in net.transcript.select(run_id=run_id))
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: ClientEndpoint labels the refusal of an `open` round 0, "
-                                       "statistic 'unknown' (see report)")
 def test_a_refusal_is_labelled_with_the_runs_round_and_statistic() -> None:
     net = StatsNet(make_plan(3), [DECLARED], client_declarations={1: []})
     net.request(DECLARED, INPUTS, round=5)
@@ -353,23 +352,25 @@ def test_tally_digits_round_trip_through_an_encoded_sum(case: tuple[VectorSpec, 
                       signed=spec.signed, frac_bits=spec.frac_bits)
     total = np.zeros(wide.length, dtype=np.uint64)
     for vector, count in zip(vectors, counts):
-        tallied = with_tally(spec, vector, count, digits)
+        tallied = np.concatenate([encode(spec, vector).values, tally(spec, count, digits)])
         assert tallied.shape == (wide.length,)
-        total += encode(wide, tallied).values  # never out of bound: no clip needed
+        check_encoded(wide, tallied)  # every digit is an admissible encoded entry
+        total += tallied
     values, clipped = read_tally(spec, decode_sum(wide, total, contributors=len(vectors)), digits, len(vectors))
     assert clipped == sum(counts)
     np.testing.assert_array_equal(values, np.sum(vectors, axis=0))
     with pytest.raises(ValueError, match="do not fit"):
-        with_tally(spec, vectors[0], (spec.entry_max + 1) ** digits, digits)
+        tally(spec, (spec.entry_max + 1) ** digits, digits)
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: tally digits of a bound off the fixed-point grid (0.1 at "
-                                       "2**-16) encode beyond the bound, so every client refuses (see report)")
 def test_tally_digits_fit_a_bound_off_the_fixed_point_grid() -> None:
     spec = VectorSpec(length=3, bound=0.1, summands=2, kind="float", signed=True, frac_bits=16)
     digits = digits_for(spec, spec.length)
     wide = VectorSpec(length=3 + digits, bound=0.1, summands=2, kind="float", signed=True, frac_bits=16)
-    encode(wide, with_tally(spec, np.zeros(3), 0, digits))
+    both = np.concatenate([encode(spec, np.full(3, 0.1)).values, tally(spec, 3, digits)])
+    check_encoded(wide, both)
+    values, clipped = read_tally(spec, decode_sum(wide, both + both, contributors=2), digits, 2)
+    assert clipped == 6 and np.allclose(values, 0.2, atol=spec.sum_error_bound(2))
 
 
 # --- model-sized sums -------------------------------------------------------------------------
