@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test data venv lint typecheck bench-smoke clean
+.PHONY: demo test data venv lint typecheck contracts bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,13 @@ demo: venv data
 
 test: venv data
 	$(MAKE) typecheck
+	$(MAKE) contracts
 	$(BIN)/python -m pytest -q
 	$(MAKE) bench-smoke
+
+# The boundaries between parties and layers (pyproject.toml's [tool.importlinter] contracts).
+contracts: venv
+	$(BIN)/lint-imports
 
 # Strict mypy over what pyproject.toml's [tool.mypy] files names: protocols and secure_fl.
 typecheck: venv
