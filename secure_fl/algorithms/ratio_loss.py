@@ -394,6 +394,14 @@ class RatioLossClient(FedAvgClient):
             raise PolicyError("asked for a model update by a request that names no client")
         return 1.0 / ctx.cohort_size
 
+    def scaled_update(self, ctx: ContributionContext) -> torch.Tensor:
+        """Δ_i / K for the uniform mean (a division, as Eq. 4 writes it); FedAvg's scaling for ``samples``."""
+        if self.params.aggregation == "samples" or ctx.update is None:
+            return super().scaled_update(ctx)
+        if ctx.cohort_size < 1:
+            raise PolicyError("asked for a model update by a request that names no client")
+        return ctx.update.delta / ctx.cohort_size
+
 
 # --- the method, and the simulator's scoring of its monitor -------------------------------------
 
