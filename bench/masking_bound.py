@@ -26,9 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks import _harness as h
 
-from protocols import make_sum
+from protocols import SERVER, make_sum
 from protocols.masking import word_dtype
-from protocols.wire import SERVER
 
 
 def keystream_seconds(streams: int, nbytes: int, *, repeats: int = 3) -> list[float]:
@@ -50,8 +49,9 @@ def client_upload_seconds(neighbours: int, length: int, *, sample: int = 5,
                           protocol: str = "masking") -> dict[str, Any]:
     """Our masking clients' ``upload`` stage on the complete graph of ``neighbours + 1`` clients.
 
-    Drives one run to the upload stage (key advertisement and sharing are not timed), then
-    lets ``sample`` clients upload, each timed by the protocol itself (``Party.timings``).
+    Drives one run, its parties built through the client and server sessions, to the upload
+    stage (key advertisement and sharing are not timed), then lets ``sample`` clients upload,
+    each timed by the protocol itself (``Party.timings``).
     """
     clients = neighbours + 1
     session = make_sum(protocol, clients=list(range(clients)))
@@ -60,13 +60,9 @@ def client_upload_seconds(neighbours: int, length: int, *, sample: int = 5,
     run = h.Run(session, spec, encoded, run_id=os.urandom(16))
     times: list[float] = []
     while run.next_event is not None and len(times) < sample:
-        event = run.next_event
-        party = run.parties[event.party]
-        before = party.timings.get("upload")
-        run.step()
-        after = party.timings.get("upload")
-        if event.party != SERVER and after is not None and after != before:
-            times.append(after - (before or 0.0))
+        event, changed = run.step()
+        if event.party != SERVER and "upload" in changed:
+            times.append(changed["upload"])
     if not times:
         raise RuntimeError("no client uploaded")
     return {"times": times, "word_bytes": word_dtype(spec.slot_bits).itemsize, "clients": clients}

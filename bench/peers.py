@@ -54,30 +54,32 @@ def paillier_registry(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks import _harness as h
     from phe import paillier as phe_paillier
 
-    from protocols import VectorSpec, encode, make_sum
-    from protocols.wire import SERVER
+    from protocols import SERVER, VectorSpec, encode, make_sum
+    from protocols.paillier import PaillierServerSession
 
     clients, length = args.clients or 1000, args.length or 56
     registries = registry.make_registries(clients, length)
     session = make_sum("paillier", clients=list(range(clients)), key_bits=args.key_bits)
-    session.setup()  # type: ignore[attr-defined]
-    public = session.public_key  # type: ignore[attr-defined]
+    session.setup()  # the key set-up run (messages between the parties), untimed
+    server = session.server
+    assert isinstance(server, PaillierServerSession) and server.public_key is not None
+    public = server.public_key
     phe_pk = phe_paillier.PaillierPublicKey(int(public.n))
     spec = VectorSpec(length=length, bound=1, summands=clients)
     encoded = {pid: encode(spec, registries[pid]).values for pid in range(clients)}
     run = h.Run(session, spec, encoded, run_id=os.urandom(16))
     ours: list[float] = []
     peer: list[float] = []
+    upload_bytes = 0
     while run.next_event is not None and len(ours) < args.sample:
-        event = run.next_event
-        run.step()
-        if event.party == SERVER or event.kind != "start":
+        event, changed = run.step()
+        if event.party == SERVER or "upload" not in changed:
             continue
-        ours.append(run.parties[event.party].timings["upload"])  # packed, r^n online (empty pool)
+        ours.append(changed["upload"])  # packed, r^n online (the client's pool is empty)
+        upload_bytes = len(run.sent[0].envelope.to_bytes())  # what the network carries
         t0 = time.perf_counter()
         entry = registry.per_entry_upload(phe_pk, registries[event.party], public.ciphertext_bytes)
         peer.append(time.perf_counter() - t0)
-    upload_bytes = len(run.parties[0].start()[0].envelope.to_bytes())  # what the transport carries
     return result("paillier-registry", statistics.median(ours), statistics.median(peer), "seconds",
                   clients=clients, length=length, key_bits=args.key_bits, sample=len(ours),
                   ours_is="packed Paillier client upload (protocols.paillier, r^n online)",
@@ -195,20 +197,20 @@ def ckks_bytes(args: argparse.Namespace) -> dict[str, Any]:
     import tenseal as ts
     from benchmarks import _harness as h
 
-    from protocols import make_sum
+    from protocols import SERVER, make_sum
 
     length = args.length or 1_000_000
     clients = 2
     session = make_sum("ckks", clients=[0, 1], poly_modulus_degree=args.ring)
-    session.setup()  # type: ignore[attr-defined]
-    options = session.options  # type: ignore[attr-defined]
+    session.setup()  # the key set-up run (context and keys), untimed
+    options = session.options
     spec = h.spec_for(clients, length)
     run = h.Run(session, spec, h.encoded_inputs(spec, clients), run_id=os.urandom(16))
-    while run.next_event is not None and run.next_event.kind == "start":
-        run.step()
+    while run.next_event is not None and not (run.next_event.party == SERVER and run.next_event.kind == "receive"):
+        run.step()  # the server's open, the clients' joins and uploads
     event = run.next_event
     assert event is not None and event.message is not None and event.stage == "upload"
-    ours = len(event.message.envelope.to_bytes())
+    ours = len(event.message.envelope.to_bytes())  # as the network carries and counts it
 
     context = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=options.poly_modulus_degree,
                          coeff_mod_bit_sizes=list(options.coeff_mod_bit_sizes))
@@ -220,7 +222,7 @@ def ckks_bytes(args: argparse.Namespace) -> dict[str, Any]:
     return result("ckks-bytes", float(ours), float(chunks * one), "bytes",
                   length=length, ring=options.poly_modulus_degree, slots=slots, ciphertexts=chunks,
                   one_ciphertext_bytes=one,
-                  ours_is="one client's CKKS upload envelope (protocols.ckks), as the transport counts it",
+                  ours_is="one client's CKKS upload envelope (protocols.ckks), as the network counts it",
                   peer_is="ceil(d / slots) x TenSEAL CKKSVector.serialize() of one full ciphertext")
 
 

@@ -1,15 +1,24 @@
 """Shared machinery of the asv suite: parameters, inputs, and a stage-by-stage replay of
 one secure-sum run, so that asv times exactly one stage of a protocol on fresh parties.
 
-A protocol run is a sequence of *events* in :func:`protocols.base.run_parties`' order
-(each party's ``start``, each delivery of a message, each ``advance`` of the server).
-:class:`Run` drives the same parties one event at a time. Once per benchmark process a
-calibration run finds the window of events of one stage, from the stage labels the
-parties themselves record (``Party.timings``: ``upload``, ``aggregate``, ``finalize``):
+Parties are built the way a deployment builds them: the server party by the protocol's
+:class:`~protocols.session.ServerSession` (``open``), each client's party by that client's own
+:class:`~protocols.session.ClientSession` (``join``) when the server's ``open`` message reaches
+it. They share nothing but serialised envelopes. :class:`Run` plays the network between them
+one *event* at a time, in the order :func:`protocols.drive` and
+:class:`protocols.LocalNetwork` deliver messages (one exchange: every client in id order gets
+its messages and answers; then the server takes in the answers in client order; when nothing
+is left to send, the server's ``advance``). An event is the server's ``start`` or
+``advance``, a client's ``join`` (parsing the ``open`` it got and joining through its
+session) and ``start`` (its answer to ``open``), or one party's ``receive`` of one message
+(serialising it, parsing it back, recording it in the run's transcript and handing it to
+the party). Once per benchmark process a calibration run finds the window of events of one
+stage, from the stage labels the parties themselves record (``Party.timings``: ``upload``,
+``aggregate``, ``finalize``):
 
-* **client upload**: the first event in which a client records ``upload`` (its
-  ``start`` for plain, Paillier and CKKS; its answer to the server's ``upload`` message
-  for masking, after the key stages);
+* **client upload**: the first event in which a client records ``upload`` (its ``start``
+  for plain, Paillier and CKKS — joining is a separate event, not timed; its answer to the
+  server's ``upload`` message for masking, after the key stages);
 * **server aggregation**: from the server's first receipt of an ``upload`` message to
   the last event in which it records ``aggregate`` (parsing every upload, adding or
   multiplying, Paillier's product on ``advance``);
@@ -23,14 +32,16 @@ timed method executes the window. Two ways to reach the window:
   masking needs, since its keys are fresh per run);
 * ``party`` replay re-runs only the earlier events of the one party acting in the
   window, feeding it the messages recorded in calibration (plain, Paillier and CKKS:
-  their parties' state depends only on the long-lived keys and the messages they get,
-  so 1000 clients' encryptions need not be redone before every timed aggregation).
+  their parties' state depends only on their session's long-lived keys and the messages
+  they get, so 1000 clients' encryptions need not be redone before every timed aggregation).
 
-All runs of one benchmark process share one ``run_id`` (recorded messages stay valid);
-that is a benchmark convenience, never done by the protocols.
+All runs of one benchmark process share one ``run_id`` and one request (recorded messages,
+request digests included, stay valid); that is a benchmark convenience, never done by the
+protocols.
 
-Keys and contexts are made once per process (or in ``setup_cache``), never timed. Set
-``SECURE_FL_BENCH_SMALL=1`` to narrow every parameter grid to its smallest point (CI).
+Keys and contexts are made once per process (or in ``setup_cache``) by the sessions' own
+key set-up runs, never timed. Set ``SECURE_FL_BENCH_SMALL=1`` to narrow every parameter
+grid to its smallest point (CI).
 """
 
 from __future__ import annotations
@@ -38,17 +49,25 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
-from protocols import Reveal, VectorSpec, encode
-from protocols.base import InMemoryTransport, Outgoing, Party, SecureSum
+from protocols import (
+    LocalNetwork,
+    Message,
+    Reveal,
+    RunContext,
+    SecureSum,
+    SumRequest,
+    VectorSpec,
+    encode,
+)
+from protocols.base import Outgoing, Party, ServerParty
 from protocols.transcript import Transcript
-from protocols.wire import SERVER
+from protocols.wire import OPEN, SERVER, Envelope
 
 SMALL = os.environ.get("SECURE_FL_BENCH_SMALL", "").strip() not in ("", "0")
 
@@ -72,7 +91,7 @@ DISTINCT_INPUTS = 4
 """Clients share a few distinct input vectors: same cost, a fraction of the memory."""
 
 
-def skip(reason: str) -> None:
+def skip(reason: str) -> NoReturn:
     """asv's way to skip one parameter combination: raise NotImplementedError in setup."""
     raise NotImplementedError(reason)
 
@@ -98,12 +117,17 @@ def encoded_inputs(spec: VectorSpec, clients: int) -> dict[int, np.ndarray]:
 
 # --- driving one run one event at a time ------------------------------------------------------
 
+MAX_EXCHANGES = 64
+"""As :func:`protocols.drive`: a run that needs more exchanges than this is broken."""
+
+
 @dataclass(frozen=True)
 class Event:
     party: int
-    kind: str  # "start" | "receive" | "advance"
+    kind: str  # "start" | "join" | "receive" | "advance"
     stage: str = ""
     message: Outgoing | None = None
+    """What a ``join`` or ``receive`` delivers (as its sender produced it)."""
 
     @property
     def signature(self) -> tuple[int, str, str]:
@@ -111,48 +135,119 @@ class Event:
 
 
 class Run:
-    """One run of ``session`` on fresh parties, driven one event at a time in
-    :func:`~protocols.base.run_parties`' order (no dropouts; errors propagate)."""
+    """One sum on fresh parties built through ``session``'s server and client sessions, driven
+    one event at a time (see the module docstring; no dropouts, errors propagate).
+
+    ``encoded`` holds the participants' inputs as each client's owner hands them to its
+    session's ``join``; the server never sees them.
+    """
 
     def __init__(self, session: SecureSum, spec: VectorSpec, encoded: Mapping[int, np.ndarray], *,
-                 run_id: bytes, reveal: Reveal = REVEAL) -> None:
-        self.server, self.clients = session._build(run_id=run_id, spec=spec, encoded=encoded,
-                                                   reveal=reveal, round=0)
-        self.parties: dict[int, Party] = {SERVER: self.server, **self.clients}
-        self.transport = InMemoryTransport(Transcript())
-        self.context = session.context(run_id=run_id, round=0, statistic="bench")
+                 run_id: bytes, reveal: Reveal = REVEAL, statistic: str = "bench") -> None:
+        self.session = session
+        self.encoded = encoded
+        request = SumRequest(kind="sum", statistic=statistic, round=0, spec=spec, reveal=reveal,
+                             participants=tuple(sorted(encoded)))
+        session.server.check(spec=spec, reveal=reveal)
+        self.server: ServerParty = session.server.open(run_id=run_id, request=request)
+        self.parties: dict[int, Party] = {SERVER: self.server}
+        """The server's party, and each client's once it joined."""
+        self.network = LocalNetwork()
+        """Only its transcript and :meth:`~protocols.Network.record`: the events carry the bytes."""
+        self.context = RunContext(session.name, run_id, 0, statistic, session.descriptor.stages)
+        self.sent: list[Outgoing] = []
+        """What the last executed event sent."""
         self._events = self._drive()
         self.next_event: Event | None = next(self._events, None)
         self.count = 0
 
+    @property
+    def transcript(self) -> Transcript:
+        return self.network.transcript
+
+    # --- what an event does -----------------------------------------------------------------
+
+    def _carry(self, message: Outgoing) -> Envelope:
+        """Serialise, record (bytes on the wire, what the receiver can read), parse back."""
+        env = message.envelope
+        data = env.to_bytes()
+        self.network.record(Message(data, self.context.label(env.stage, message.exposure)),
+                            sender=env.sender, receiver=env.receiver)
+        return Envelope.from_bytes(data)
+
+    def _join(self, message: Outgoing) -> None:
+        """A client parses the ``open`` it got and joins through its own session."""
+        env = self._carry(message)
+        pid = env.receiver
+        client = self.session.client_session(pid)
+        request = SumRequest.from_bytes(env.payload, clients=client.clients)
+        values = self.encoded.get(pid) if pid in request.participants else None
+        self.parties[pid] = client.join(run_id=env.run_id, request=request, values=values)
+
+    def _receive(self, pid: int, message: Outgoing) -> list[Outgoing]:
+        return self.parties[pid].receive(self._carry(message))
+
+    def _out(self, outgoing: list[Outgoing]) -> list[Outgoing]:
+        self.sent = outgoing
+        return outgoing
+
     def _drive(self) -> Iterator[Event]:
         """Yields each event just before executing it; resuming executes it."""
-        pending: deque[Outgoing] = deque()
-        for pid, party in self.parties.items():  # the server first, then clients, as run_parties
-            yield Event(pid, "start")
-            pending.extend(party.start())
         names = self.context.stage_names
-        for _ in range(64):
-            while pending:
-                message = pending.popleft()
-                env = message.envelope
-                yield Event(env.receiver, "receive", names.get(env.stage, str(env.stage)), message)
-                delivered = self.transport.carry(message, self.context)
-                if delivered is not None:
-                    pending.extend(self.parties[delivered.receiver].receive(delivered))
-            if self.server.finished:
-                return
-            yield Event(SERVER, "advance")
-            pending.extend(self.server.advance())
-        raise RuntimeError("the run did not finish within 64 stage deadlines")
 
-    def step(self) -> Event:
+        def stage(message: Outgoing) -> str:
+            return names.get(message.envelope.stage, str(message.envelope.stage))
+
+        yield Event(SERVER, "start")
+        pending = self._out(self.server.start())
+        for _ in range(MAX_EXCHANGES):
+            if not pending:
+                if self.server.finished:
+                    return
+                yield Event(SERVER, "advance")
+                pending = self._out(self.server.advance())
+                if not pending and not self.server.finished:
+                    raise RuntimeError("the run stalled: no party has anything left to send")
+                continue
+            outbox: dict[int, list[Outgoing]] = {}
+            for message in pending:
+                outbox.setdefault(message.envelope.receiver, []).append(message)
+            replies: dict[int, list[Outgoing]] = {}
+            for pid in sorted(outbox):
+                for message in outbox[pid]:
+                    if message.envelope.stage == OPEN:
+                        yield Event(pid, "join", stage(message), message)
+                        self._join(message)
+                        yield Event(pid, "start", stage(message))
+                        out = self._out(self.parties[pid].start())
+                    else:
+                        yield Event(pid, "receive", stage(message), message)
+                        out = self._out(self._receive(pid, message))
+                    replies.setdefault(pid, []).extend(out)
+            pending = []
+            for pid in sorted(replies):
+                for message in replies[pid]:
+                    yield Event(SERVER, "receive", stage(message), message)
+                    pending.extend(self._out(self._receive(SERVER, message)))
+        raise RuntimeError(f"the run did not finish within {MAX_EXCHANGES} exchanges")
+
+    # --- stepping -----------------------------------------------------------------------------
+
+    def step(self) -> tuple[Event, dict[str, float]]:
+        """Execute the next event; returns it and the seconds it added to each of its party's
+        stage labels (``Party.timings``)."""
         event = self.next_event
         if event is None:
             raise RuntimeError("the run is already over")
+        party = self.parties.get(event.party)
+        before = dict(party.timings) if party is not None else {}
+        self.sent = []
         self.next_event = next(self._events, None)
         self.count += 1
-        return event
+        party = self.parties.get(event.party)
+        after = party.timings if party is not None else {}
+        changed = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k)}
+        return event, changed
 
     def finish(self) -> None:
         while self.next_event is not None:
@@ -160,16 +255,16 @@ class Run:
 
     def replay(self, event: Event) -> None:
         """Execute a recorded event on this run's party (``party`` replay)."""
-        party = self.parties[event.party]
-        if event.kind == "start":
-            party.start()
+        if event.kind == "join":
+            assert event.message is not None
+            self._join(event.message)
+        elif event.kind == "start":
+            self.parties[event.party].start()
         elif event.kind == "advance":
-            party.advance()  # type: ignore[attr-defined]
+            self.server.advance()
         else:
             assert event.message is not None
-            delivered = self.transport.carry(event.message, self.context)
-            assert delivered is not None
-            party.receive(delivered)
+            self._receive(event.party, event.message)
 
 
 @dataclass(frozen=True)
@@ -196,11 +291,7 @@ def calibrate(session: SecureSum, spec: VectorSpec, encoded: Mapping[int, np.nda
     first = last = None
     upload_receipt = None
     while run.next_event is not None:
-        event = run.next_event
-        party = run.parties[event.party]
-        before = dict(party.timings)
-        run.step()
-        changed = {k for k, v in party.timings.items() if before.get(k) != v}
+        event, changed = run.step()
         events.append(event)
         index = len(events) - 1
         if (upload_receipt is None and event.party == SERVER and event.kind == "receive"
@@ -212,7 +303,7 @@ def calibrate(session: SecureSum, spec: VectorSpec, encoded: Mapping[int, np.nda
             last = index
             if label == "upload":
                 break  # one client's upload
-        elif first is not None and changed & later:
+        elif first is not None and set(changed) & later:
             break
     if first is None or last is None:
         raise NotImplementedError(f"protocol {session.name!r} records no {label!r} stage")
@@ -265,7 +356,8 @@ class _Protocol:
         the party acting in the timed window, when only one does."""
 
 
-_CALIBRATIONS: dict[tuple[Any, ...], tuple[SecureSum, VectorSpec, dict[int, np.ndarray], Window]] = {}
+_CALIBRATIONS: dict[tuple[Any, ...], tuple[SecureSum, VectorSpec, dict[int, np.ndarray], Window | None]] = {}
+"""One benchmark combination's session, spec, inputs and window (``None`` for whole rounds)."""
 _RUN_ID = bytes(range(16))
 
 
@@ -278,10 +370,12 @@ def _calibrated(bench: _Protocol, label: str, cache: Any, clients: int, length: 
         session = bench.session(cache, clients, length, *extra)
         spec = spec_for(clients, length)
         encoded = encoded_inputs(spec, clients)
-        window = calibrate(session, spec, encoded, run_id=_RUN_ID, label=label,
-                           prepare=lambda: bench.prepare(session, spec, None, *extra))
-        found = _CALIBRATIONS[key] = (session, spec, encoded, window)
-    return found
+        found = _CALIBRATIONS[key] = (session, spec, encoded, calibrate(
+            session, spec, encoded, run_id=_RUN_ID, label=label,
+            prepare=lambda: bench.prepare(session, spec, None, *extra)))
+    window = found[3]
+    assert window is not None
+    return found[0], found[1], found[2], window
 
 
 class _Stage(_Protocol):
@@ -299,6 +393,7 @@ class _Stage(_Protocol):
         party = next(iter(parties)) if self.replay == "party" and len(parties) == 1 else None
         self.prepare(session, spec, next(iter(parties)) if len(parties) == 1 else None, *extra)
         run = Run(session, spec, encoded, run_id=_RUN_ID)
+        self._window: list[Event] | None
         if party is not None:
             for event in window.events[: window.start]:
                 if event.party == party:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from protocols import make_sum
-from protocols.base import SecureSum
+from protocols import SecureSum, make_sum
 
 from . import _harness as h
 

@@ -1,7 +1,9 @@
 """Packed Paillier (2048- and 3072-bit moduli), a client agent holding the key.
 
 Key pairs come from ``setup_cache`` (made once, pickled by asv) and are handed to the
-session by replacing key generation while ``PaillierSum.setup`` runs. Obfuscators r^n:
+agent by replacing key generation while the session's key set-up run (``SecureSum.setup``:
+messages between the server and client sessions) takes place. Obfuscators r^n, through each
+client's own session (``PaillierClientSession.fill_pool`` and its pool):
 
 * the timed client of ``ClientUpload`` computes its own, online (``obfuscators="online"``,
   the cost of an encryption from scratch with the public key), or spends ones it precomputed offline
@@ -18,9 +20,8 @@ import itertools
 from typing import Any, ClassVar
 from unittest import mock
 
-from protocols import make_sum
-from protocols.base import SecureSum
-from protocols.paillier import PaillierSum
+from protocols import SecureSum, VectorSpec, make_sum
+from protocols.paillier import PaillierClientSession
 from protocols.primitives import paillier as raw
 
 from . import _harness as h
@@ -57,9 +58,8 @@ class _Paillier(h._Protocol):
         public = raw.PublicKey(p * q)
         private = raw.PrivateKey(public, p, q)
         session = make_sum("paillier", clients=list(range(clients)), key_bits=key_bits)
-        assert isinstance(session, PaillierSum)
         with mock.patch.object(raw, "generate_keypair", lambda *a, **k: (public, private)):
-            session.setup()
+            session.setup()  # the key set-up run, untimed
         self._cheap = [raw.obfuscator(public) for _ in range(CHEAP)]
         return session
 
@@ -74,19 +74,21 @@ class _Paillier(h._Protocol):
             return f"{clients} x {per_client} ciphertexts"
         return super().unsupported(label, clients, length)
 
-    def prepare(self, session: Any, spec: Any, timed: int | None, key_bits: int = 2048,
+    def prepare(self, session: SecureSum, spec: VectorSpec, timed: int | None, key_bits: int = 2048,
                 mode: str = "pool", *extra: Any) -> None:
-        need = session.layout_for(spec).num_plaintexts
         cycle = itertools.cycle(self._cheap)
         with mock.patch.object(raw, "obfuscator", lambda key, r=None, **_: next(cycle)):
             for pid in session.clients:
-                pool = session.client_keys(pid).pool
+                client = session.client_session(pid)
+                assert isinstance(client, PaillierClientSession) and client.keys is not None
+                need = client.layout(spec).num_plaintexts
+                pool = client.keys.pool
                 if pid == timed and mode == "online":
                     pool.private_key = None  # r^n from the public key, even if this is the key holder
                     while len(pool):
                         pool.take()
                 elif len(pool) < need:
-                    pool.fill(need - len(pool))
+                    client.fill_pool(need - len(pool))
 
 
 class Obfuscator:

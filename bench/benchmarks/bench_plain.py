@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocols import make_sum
-from protocols.base import SecureSum
+from protocols import SecureSum, make_sum
 
 from . import _harness as h
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import secrets
 import sys
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from protocols import PROTOCOLS, DropoutPlan, ProtocolError, VectorSpec, make_sum
+from protocols import PROTOCOLS, DropoutPlan, ProtocolError, SecureSum, VectorSpec, make_sum
 
 
 def register(sub: Any) -> None:
@@ -43,6 +44,31 @@ def _options(args: argparse.Namespace, spec: VectorSpec) -> dict[str, Any]:
     return {}
 
 
+def _fill_pools(session: SecureSum, spec: VectorSpec) -> None:
+    """Paillier ``--pool``: each client precomputes, through its own session, one obfuscator per
+    ciphertext it will upload (offline, before the round)."""
+    from protocols.paillier import PaillierClientSession
+
+    for pid in session.clients:
+        client = session.client_session(pid)
+        if isinstance(client, PaillierClientSession) and client.keys is not None:
+            client.fill_pool(client.layout(spec).num_plaintexts)
+
+
+def _params(session: SecureSum, participants: int) -> dict[str, Any]:
+    """The protocol's public options (and a masking run's degree and threshold)."""
+    options = session.options
+    out: dict[str, Any] = {}
+    if options is not None and dataclasses.is_dataclass(options):
+        out = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.init}
+    from protocols.masking import MaskingServerSession
+
+    if isinstance(session.server, MaskingServerSession):
+        group = session.server.parameters(participants)
+        out.update(degree=group.degree, threshold=group.threshold)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.length < 1 or args.bound < 1:
         print("error: --clients, --length and --bound must be positive", file=sys.stderr)
@@ -59,13 +85,9 @@ def run(args: argparse.Namespace) -> int:
     dropped = sorted(int(c) for c in rng.choice(clients, size=n_drop, replace=False))
     try:
         session = make_sum(args.protocol, clients=clients, **_options(args, spec))
-        setup = getattr(session, "setup", None)
-        if setup is not None:
-            setup(round=-1)
-        if args.pool and args.protocol == "paillier":
-            per_client = -(-args.length // session.layout_for(spec).slots_per_plaintext)  # type: ignore[attr-defined]
-            for pid in clients:
-                session.client_keys(pid).pool.fill(per_client)  # type: ignore[attr-defined]
+        session.setup(round=-1)  # the key set-up, as messages between the parties (none for unkeyed protocols)
+        if args.pool:
+            _fill_pools(session, spec)
         setup_bytes = session.transcript.total_bytes()
         outcome = session.sum(inputs, spec=spec, statistic="sum", round=0,
                               dropouts=DropoutPlan({pid: args.dropout_stage for pid in dropped}))
@@ -92,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             "upload_per_client": int(np.median(uploads)) if uploads else 0,
             "total": session.transcript.total_bytes(run_entries),
         },
+        "params": _params(session, len(inputs)),
     }
     if args.json:
         print(json.dumps(report))

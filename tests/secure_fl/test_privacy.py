@@ -33,7 +33,7 @@ from secure_fl.privacy import (
     rdp_to_dp,
     samplers,
 )
-from secure_fl.stats import GlobalStatistics, StatisticDeclaration
+from secure_fl.stats import StatisticDeclaration
 
 pytestmark = pytest.mark.filterwarnings("ignore::secure_fl.privacy.InsecureRandomWarning")
 
@@ -284,18 +284,46 @@ def test_input_outside_the_bound_is_clipped_before_noise() -> None:
         noisy.perturb(np.full(10, 0.5))
 
 
-def test_through_the_statistics_service_with_paillier() -> None:
-    service = GlobalStatistics(clients=range(5), protocol="paillier",
-                               protocol_options={"paillier": {"key_bits": 1024, "allow_weak_keys": True}})
-    ledger = PrivacyLedger()
-    noisy = NoisySum(HISTOGRAM, insecure(mechanism="ddg"), clients=5, record=Sensitivity.unit_count(),
-                     ledger=ledger)
+def test_through_the_coordinator_and_participants_with_paillier() -> None:
+    """The statistics layer noises a declared statistic: each participant adds its own noise, the
+    Paillier sum adds the noisy vectors, the coordinator's ledger records the release."""
+    from functools import partial
+
+    from protocols import LocalNetwork, Message
+    from secure_fl.stats import Learned, StatisticPrivacy, StatisticsPlan, StatisticsPrivacy
+    from secure_fl.stats.coordinator import StatsCoordinator
+    from secure_fl.stats.participant import StatsParticipant
+
+    privacy = StatisticsPrivacy({"label_histogram": StatisticPrivacy(epsilon=1.0, mechanism="ddg",
+                                                                     secure_mode=False)}, seed=7)
+    plan = StatisticsPlan(clients=tuple(range(5)), protocol="paillier", privacy=privacy,
+                          options={"paillier": {"key_bits": 1024, "allow_weak_keys": True}})
+    network = LocalNetwork()
+    coordinator = StatsCoordinator(plan, network)
     inputs = histograms(5, seed=3)
-    release = noisy.request(service, inputs, round=0)
-    assert np.all(np.abs(release.total - sum(inputs.values())) < 8 * noisy.sigma_total)
-    record = service.records[-1]
-    assert record.protocol == "paillier" and len(record.contributors) == 5
-    assert service.declarations["label_histogram"].signed
+    learned: list[Learned] = []
+
+    def deliver(participant: StatsParticipant, data: list[bytes]) -> list[Message]:
+        return [reply for item in data for reply in participant.handle(item)]
+
+    def source(client: int, declaration: StatisticDeclaration, request: object) -> np.ndarray:
+        return inputs[client]
+
+    for c in plan.clients:
+        participant = StatsParticipant(
+            c, plan=plan, declarations={HISTOGRAM.name: HISTOGRAM}.get,
+            source=partial(source, c), on_learned=learned.append,
+            noise_seed=partial(privacy.client_noise_seed, client=c))
+        network.attach(c, partial(deliver, participant))
+    release = coordinator.request(HISTOGRAM, cohort=plan.clients, round=0)
+    noisy = coordinator.noisy["label_histogram"]
+    assert release.value is not None
+    assert np.all(np.abs(release.value - sum(inputs.values())) < 8 * noisy.sigma_total)
+    assert release.protocol == "paillier" and release.contributors == plan.clients
+    assert coordinator.layouts(HISTOGRAM, 5).spec.signed  # widened for the noise
+    assert len(learned) == 5 and all(np.array_equal(item.value, release.value) for item in learned)
+    ledger = coordinator.ledger
+    assert ledger is not None
     assert ledger.releases[0].mechanism == "ddg" and ledger.guarantee(1e-5).epsilon <= 1.0 + 1e-9
 
 
