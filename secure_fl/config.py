@@ -523,7 +523,7 @@ def _component(kind: str, raw: Mapping[str, Any], source: str) -> ComponentConfi
 
             make_loss(name, params)
         else:
-            from secure_fl.runtime.selection import make_selection
+            from secure_fl.selection import make_selection
 
             make_selection(name, params)
     except (TypeError, ValueError) as error:

@@ -5,7 +5,7 @@
 * :func:`build_simulation` — from a :class:`~secure_fl.config.RunConfig` (:mod:`.build`);
 * :func:`run_experiment` / :func:`execute_run` / :func:`summarize` — runs in turn, written to
   the :class:`~secure_fl.store.RunStore` round by round, resumable (:mod:`.runner`);
-* :data:`SELECTION_STRATEGIES` — client selection by name (:mod:`.selection`);
+* :data:`SELECTION_STRATEGIES` — client selection by name (from :mod:`secure_fl.selection`);
 * :class:`Seeds` — every random draw keyed by (stream, round, client) (:mod:`.rng`).
 """
 
@@ -18,16 +18,16 @@ from secure_fl.runtime.build import (
 )
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.runner import RunObserver, RunSummary, execute_run, run_experiment, summarize
-from secure_fl.runtime.selection import (
+from secure_fl.runtime.simulation import RoundResult, Simulation, dump_state, load_state
+from secure_fl.selection.basic import RandomSelection
+from secure_fl.selection.strategy import (
     SELECTION_STRATEGIES,
-    RandomSelection,
     SelectionContext,
     SelectionStrategy,
     make_selection,
     register_selection,
     selection_class,
 )
-from secure_fl.runtime.simulation import RoundResult, Simulation, dump_state, load_state
 
 __all__ = [
     "SELECTION_STRATEGIES",

@@ -26,10 +26,10 @@ from secure_fl.config import ConfigError, RunConfig
 from secure_fl.data import PARTITIONERS, Dataset, keep_minority, load_dataset
 from secure_fl.losses import make_loss
 from secure_fl.models import build_model
-from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.messages import run_digest
-from secure_fl.runtime.selection import make_selection
+from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.simulation import Simulation
+from secure_fl.selection import make_selection
 from secure_fl.stats import StatisticsPlan, StatisticsPrivacy, UpdateSettings
 
 if TYPE_CHECKING:

@@ -6,7 +6,9 @@ the server tells a node goes in a runtime message (magic ``SFR``)::
     magic "SFR" | version u8 | kind u8 | round i64 | run digest 16B | payload
 
 ``broadcast``
-    one named vector for the round's training (SCAFFOLD's control variate, Ratio Loss's ℝ);
+    one named vector for the round's training (SCAFFOLD's control variate, Ratio Loss's ℝ), or
+    a selection's announcement to every client (Dubhe's K and σ), which the node hands to its
+    selection half;
 ``train``
     the global model (float32): the node trains on it with this round's broadcasts;
 ``abort``

@@ -38,14 +38,14 @@ from secure_fl.algorithms import (
 )
 from secure_fl.algorithms.base import DP_SGD_STATE
 from secure_fl.runtime.messages import Kind, RuntimeMessage, is_runtime
-from secure_fl.snapshots import dump_state, load_state
 from secure_fl.runtime.rng import Seeds
+from secure_fl.selection.strategy import ClientSelectionContext, SelectionClient
+from secure_fl.snapshots import dump_state, load_state
 from secure_fl.stats import Learned, StatisticDeclaration, StatisticsPlan
 from secure_fl.stats.participant import StatsParticipant
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGD, DPSGDConfig
-    from secure_fl.runtime.selection import SelectionClient
 
 __all__ = ["ClientNode", "NodeTelemetry"]
 
@@ -149,11 +149,15 @@ class ClientNode:
     def _receive_broadcast(self, message: RuntimeMessage) -> None:
         if message.round <= self.trained_round:
             raise StageError(f"a broadcast for round {message.round}, already trained")
+        assert message.vector is not None
+        if self.selection is not None and message.name in self.selection.announcements:
+            self.selection.heard(message.name, message.round, message.vector)  # public, for the selection half
+            self.dirty = True
+            return
         if message.round != self._broadcast_round:
             self._broadcast, self._broadcast_round = {}, message.round
         if message.name in self._broadcast:
             raise StageError(f"broadcast {message.name!r} of round {message.round} arrived twice")
-        assert message.vector is not None
         self._broadcast[message.name] = torch.from_numpy(message.vector.copy()).to(self.data.x.device)
 
     # --- training ------------------------------------------------------------------------------
@@ -210,12 +214,20 @@ class ClientNode:
         if declaration.name in self._method_statistics:
             vector = self.method.contribution(declaration.name, ctx)
         elif self.selection is not None and declaration.name in self._selection_statistics:
-            vector = self.selection.contribution(declaration.name, ctx)
+            vector = self.selection.contribution(declaration.name, self._selection_context(request.round))
         else:
             raise PolicyError(f"no part of this client contributes {declaration.name!r}")
         if isinstance(vector, torch.Tensor):
             return vector.detach().to("cpu", torch.float64).numpy()
         return vector
+
+    def _selection_context(self, round: int) -> ClientSelectionContext:
+        """The selection half's view: this client's counts, and its own coins keyed by (round, client)."""
+        def rng(stream: str, *keys: int) -> np.random.Generator:
+            return self.seeds.numpy(stream, round, self.client_id, *keys)
+
+        return ClientSelectionContext(client_id=self.client_id, round=round,
+                                      counts=np.asarray(self.data.class_counts, dtype=np.int64), rng=rng)
 
     def _learned(self, learned: Learned) -> None:
         self.learned.setdefault(learned.round, {})[learned.name] = learned
@@ -223,7 +235,7 @@ class ClientNode:
                           learned=self.learned[learned.round])
         self.method.learned(learned, ctx)
         if self.selection is not None:
-            self.selection.learned(learned, ctx)
+            self.selection.learned(learned)
         self.dirty = True
 
     # --- snapshots -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The server loop: drives rounds by messages, holds only the server's knowledge.
 
-A round is: select the cohort; queue the round's broadcasts and the global model (``train``) for
-it; let the method's server half aggregate — its statistic and update requests open protocol
-runs whose first exchange carries the queued training messages too (one round trip saved); then
+A round is: select the cohort (the selection may announce public values to every client); queue
+the round's broadcasts and the global model (``train``) for it; let the method's server half
+aggregate — its statistic and update requests open protocol runs whose first exchange carries
+the queued training messages too (one round trip saved); then
 ``after_round`` and evaluation on the server's own test set. The loop never holds a client's
 data, counts, loss or update: it sees releases (:class:`~secure_fl.stats.Release`) and what the
 network brought it.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +39,7 @@ from secure_fl.algorithms.base import check_round_metrics
 from secure_fl.metrics import evaluate_predictions
 from secure_fl.runtime.messages import Kind, RuntimeMessage, is_runtime
 from secure_fl.runtime.rng import Seeds
-from secure_fl.runtime.selection import SelectionContext, SelectionStrategy
+from secure_fl.selection.strategy import SelectionContext, SelectionStrategy
 from secure_fl.stats import Release
 from secure_fl.stats.coordinator import StatsCoordinator
 from secure_fl.stats.updates import UpdateSum
@@ -175,12 +177,21 @@ class ServerLoop:
             for message in messages:
                 self.mailbox.queue(pid, message)
 
+    def _announcer(self, r: int) -> Callable[[str, npt.NDArray[np.float64]], None]:
+        """The selection's announcements: a public broadcast to every client, sent with the next exchange."""
+        def announce(name: str, vector: npt.NDArray[np.float64]) -> None:
+            message = RuntimeMessage(kind=Kind.BROADCAST, round=r, digest=self.digest, name=name,
+                                     vector=np.asarray(vector, dtype=np.float32)).message(statistic=name)
+            for pid in self.clients:
+                self.mailbox.queue(pid, message)
+        return announce
+
     def run_round(self) -> RoundOutcome:
         start = time.perf_counter()
         r = self.next_round
         cohort = tuple(self.selection.select(SelectionContext(
             round=r, num_clients=self.info.num_clients, clients_per_round=self.clients_per_round,
-            rng=self.seeds.numpy("selection", r), stats=self.stats)))
+            rng=self.seeds.numpy("selection", r), stats=self.stats, announce=self._announcer(r))))
         if not cohort or len(set(cohort)) != len(cohort) or not set(cohort) <= set(self.clients):
             raise RuntimeError(f"selection {self.selection.name!r} returned an invalid client set {cohort}")
         metrics: dict[str, float] = {}

@@ -34,12 +34,12 @@ from secure_fl.losses import Loss
 from secure_fl.privacy import MODEL, RUN, formal_guarantees
 from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.rng import Seeds
-from secure_fl.runtime.selection import SelectionStrategy
 from secure_fl.runtime.server import Mailbox, ServerLoop
+from secure_fl.selection.strategy import SelectionStrategy
+from secure_fl.snapshots import dump_state, load_state
 from secure_fl.stats import Release, StatisticsPlan
 from secure_fl.stats.coordinator import StatsCoordinator
 from secure_fl.stats.updates import UpdateSum
-from secure_fl.snapshots import dump_state, load_state
 from secure_fl.store import Checkpoint, RoundPrivacy
 
 if TYPE_CHECKING:

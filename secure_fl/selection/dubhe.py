@@ -1,62 +1,54 @@
-"""Dubhe client selection (paper 004, §5): encrypted registries, Eq. 6, multi-time selection, σ search.
+"""Dubhe (paper 004, §5): what both halves share — parameters, statistics, the public rules.
 
-One registration epoch (:meth:`DubheSelector.register`), all under one long-lived Paillier
-session whose key pair an agent client (drawn with :mod:`secrets`) generates and seals to every
-client — never to the server (``PaillierOptions(keyholder="all")``):
-
-1. *key set-up* (once per selector);
-2. *label counts* — only when multi-time selection or the σ search needs them, and with
-   ``uploads="registration"`` (the default): every client encrypts its label counts once; the
-   server keeps the ciphertexts for the epoch (:class:`protocols.argmin.ArgminSession`);
-3. *parameter search* — when no σ is given, in one or more steps (coordinate-wise by default):
-   every client registers under every candidate σ of the step in one batched, packed registry
-   sum; each computes its probability under each candidate; the server draws ``search_tries``
-   tentative sets per candidate; the agent returns only the index of the candidate minimising
-   ‖E_h(p_{o,h}) − p_u‖₁;
-4. *registration* under σ: one-hot registries summed with packed Paillier, R_A decrypted by every
-   client, not by the server (``Reveal(server=False)``).
-
-Each round (:meth:`DubheSelector.select`): every client computes P = min(1, K/(R_A(u)·‖R_A‖₀))
-and volunteers with that probability (its own coin); the server tops the volunteers up or trims
-them uniformly to K. With H = ``tries`` > 1 this is done H times and the agent, given the H
-encrypted try sums, returns only h* = argmin_h ‖p_{o,h} − p_u‖₁.
-
-``protocol="plain"`` runs the same code with every sum computed in the clear (no transcript):
-an insecure simulation for parameter sweeps, selecting exactly what the encrypted path selects
-for the same generator.
+The two halves of a run (:mod:`.dubhe_server`, :mod:`.dubhe_client`) and the in-process study
+(:mod:`.dubhe_embedded`) follow the same rules from here: the registry codebook and Eq. 6
+(:mod:`.registry`), σ's candidate values (:func:`sigma_values`), the top-up/trim of volunteers
+to K (:func:`complete`), and the declarations of the statistics a run asks for
+(:func:`declarations`). See docs/dubhe.md.
 """
 
 from __future__ import annotations
 
-import itertools
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from protocols import SERVER, AbortedError, InMemoryTransport, Reveal, Transport, VectorSpec
-from protocols.argmin import ArgminSession, argmin_index, score_groups
-from protocols.paillier import PaillierOptions, PaillierSum
+from protocols import PolicyError
+from secure_fl.stats import StatisticDeclaration
 
-from .base import Population, Selector
-from .registry import RegistryCodebook, default_search_grid, participation_probability
+from .registry import RegistryCodebook, default_search_grid
 
-__all__ = ["STATISTICS", "DubheParams", "DubheSelector", "PaillierBackend", "PlainBackend"]
+__all__ = [
+    "ANNOUNCE_SIGMA", "ANNOUNCE_STEP", "STATISTICS", "TAG", "Candidate", "DubheParams", "complete",
+    "declarations", "max_candidates", "read_announcement", "sigma_of", "sigma_values",
+]
 
 STATISTICS = {
     "setup": "dubhe_setup",
     "counts": "dubhe_label_counts",
     "search_registry": "dubhe_search_registry",
+    "search_volunteers": "dubhe_search_volunteers",
     "search": "dubhe_search",
     "registry": "dubhe_registry",
+    "volunteers": "dubhe_volunteers",
     "selection": "dubhe_selection",
 }
 """Transcript statistic names of each step."""
 
+TAG = "dubhe"
+"""Dubhe's own Paillier session (``keyholder="all"``, its own key size), beside the run's."""
+
+ANNOUNCE_STEP = "dubhe_search_step"
+"""Server → every client: K, the step number and the step's candidate σ (as indices)."""
+ANNOUNCE_SIGMA = "dubhe_sigma"
+"""Server → every client: K and the σ to register under (as indices)."""
+
 Uploads = Literal["registration", "round"]
+
+Candidate = tuple[int, ...]
+"""A setting of σ: for each i of the codebook's thresholds, an index into :func:`sigma_values`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +67,9 @@ class DubheParams:
     * ``uploads`` — ``"registration"``: clients encrypt their counts once per registration epoch
       and the server reuses the ciphertexts for every try; ``"round"``: the clients of the tries
       encrypt afresh every round (the paper's per-round cost; same information to every party).
+    * ``protocol`` — ``"paillier"``; ``"plain"`` is the selection study's in-the-clear simulation
+      (a run always sums registries with Paillier).
+    * ``key_bits``, ``allow_weak_keys`` — Dubhe's own Paillier keys (every client holds the secret key).
     * ``count_bound`` — public bound on one client's count of one class (sizes the packing).
     * ``min_contributors`` — the agent decrypts no try sum over fewer clients.
     """
@@ -140,270 +135,86 @@ class DubheParams:
         return {i: tuple(grid[i]) for i in keys}
 
 
-# --- backends: who computes the sums -------------------------------------------------------------
-
-class DubheBackend(ABC):
-    """The two sums Dubhe needs (registry sum to the clients, argmin to the server)."""
-
-    shape: tuple[int, int]
-    """(clients, classes) the backend was built for."""
-
-    @abstractmethod
-    def setup(self) -> None: ...
-
-    @abstractmethod
-    def register(self, registries: npt.NDArray[np.int64], *, statistic: str, round: int) -> npt.NDArray[np.int64]:
-        """Sum one registry row per client; returns R_A as every client learned it."""
-
-    @abstractmethod
-    def upload_counts(self, counts: Mapping[int, npt.NDArray[np.int64]], *, statistic: str, round: int) -> None:
-        """Clients hand their label counts (encrypted) to the server for later try sums."""
-
-    @abstractmethod
-    def stored(self) -> frozenset[int]: ...
-
-    @abstractmethod
-    def forget(self) -> None: ...
-
-    @abstractmethod
-    def argmin(self, candidates: Sequence[Sequence[Sequence[int]]], *, statistic: str, round: int) -> int:
-        """The index the agent releases (see :mod:`protocols.argmin`)."""
+def sigma_values(params: DubheParams, codebook: RegistryCodebook) -> dict[int, tuple[float, ...]]:
+    """Each σ_i's possible values: the configured σ_i alone, else its search grid (public)."""
+    fixed = params.sigma_for(codebook)
+    if fixed is not None:
+        return {i: (v,) for i, v in fixed.items()}
+    return params.grid_for(codebook)
 
 
-class PaillierBackend(DubheBackend):
-    """The real protocol: packed Paillier with every client holding the key, the server none."""
-
-    def __init__(self, *, num_clients: int, num_classes: int, params: DubheParams, transport: Transport) -> None:
-        options = PaillierOptions(key_bits=params.key_bits, keyholder="all", allow_weak_keys=params.allow_weak_keys)
-        self.session = PaillierSum(clients=list(range(num_clients)), transport=transport, options=options)
-        self.argmin_session = ArgminSession(self.session, length=num_classes, bound=params.count_bound,
-                                            max_try_size=num_clients, min_contributors=params.min_contributors)
-        self.num_clients = num_clients
-        self.shape = (num_clients, num_classes)
-        self.last_agent: int | None = None
-
-    def setup(self) -> None:
-        if not self.session.ready:
-            self.session.setup(round=-1, statistic=STATISTICS["setup"])
-
-    def register(self, registries: npt.NDArray[np.int64], *, statistic: str, round: int) -> npt.NDArray[np.int64]:
-        spec = VectorSpec(length=int(registries.shape[1]), bound=1, summands=self.num_clients)
-        outcome = self.session.sum({k: registries[k] for k in range(self.num_clients)}, spec=spec,
-                                   statistic=statistic, round=round, reveal=Reveal(server=False, clients=True))
-        if SERVER in outcome.learned_by:
-            raise AbortedError("the server learned a registry sum")  # cannot happen with keyholder='all'
-        if outcome.dropped or outcome.rejected:
-            raise AbortedError(f"registration incomplete: dropped {outcome.dropped}, rejected {outcome.rejected}")
-        return np.rint(outcome.total).astype(np.int64)
-
-    def upload_counts(self, counts: Mapping[int, npt.NDArray[np.int64]], *, statistic: str, round: int) -> None:
-        outcome = self.argmin_session.upload(counts, round=round, statistic=statistic)
-        if outcome.rejected:
-            raise AbortedError(f"count uploads rejected: {outcome.rejected}")
-
-    def stored(self) -> frozenset[int]:
-        return self.argmin_session.stored
-
-    def forget(self) -> None:
-        self.argmin_session.forget()
-
-    def argmin(self, candidates: Sequence[Sequence[Sequence[int]]], *, statistic: str, round: int) -> int:
-        outcome = self.argmin_session.argmin(candidates, round=round, statistic=statistic)
-        self.last_agent = outcome.agent
-        return outcome.index
+def sigma_of(values: dict[int, tuple[float, ...]], candidate: Candidate) -> dict[int, float]:
+    return {i: values[i][j] for i, j in zip(values, candidate, strict=True)}
 
 
-class PlainBackend(DubheBackend):
-    """Insecure simulation: the same sums and the same decision rule, computed in the clear."""
-
-    def __init__(self, *, num_clients: int, num_classes: int, params: DubheParams) -> None:
-        self.num_clients = num_clients
-        self.shape = (num_clients, num_classes)
-        self.min_contributors = params.min_contributors
-        self._counts: dict[int, npt.NDArray[np.int64]] = {}
-
-    def setup(self) -> None:
-        pass
-
-    def register(self, registries: npt.NDArray[np.int64], *, statistic: str, round: int) -> npt.NDArray[np.int64]:
-        total: npt.NDArray[np.int64] = np.asarray(registries, dtype=np.int64).sum(axis=0)
-        return total
-
-    def upload_counts(self, counts: Mapping[int, npt.NDArray[np.int64]], *, statistic: str, round: int) -> None:
-        self._counts.update({int(k): np.asarray(v, dtype=np.int64) for k, v in counts.items()})
-
-    def stored(self) -> frozenset[int]:
-        return frozenset(self._counts)
-
-    def forget(self) -> None:
-        self._counts.clear()
-
-    def argmin(self, candidates: Sequence[Sequence[Sequence[int]]], *, statistic: str, round: int) -> int:
-        sums: list[list[npt.NDArray[np.int64]]] = []
-        for group in candidates:
-            row = []
-            for members in group:
-                kept = [m for m in set(members) if m in self._counts]
-                if len(kept) < self.min_contributors:
-                    raise AbortedError(f"a try holds {len(kept)} clients; at least {self.min_contributors} needed")
-                row.append(np.sum([self._counts[m] for m in kept], axis=0))
-            sums.append(row)
-        return argmin_index(score_groups(sums))
+def max_candidates(params: DubheParams, codebook: RegistryCodebook) -> int:
+    """The most candidates one search step evaluates (sizes the search statistics)."""
+    sizes = [len(v) for v in sigma_values(params, codebook).values()]
+    if params.search == "grid":
+        return int(np.prod(sizes)) if sizes else 1
+    return max(sizes, default=1)
 
 
-# --- the strategy --------------------------------------------------------------------------------
+def read_announcement(vector: npt.ArrayLike, *, header: int, values: dict[int, tuple[float, ...]],
+                      most: int) -> tuple[list[int], list[Candidate]]:
+    """``header`` integers, then candidates of one index per σ_i each (a client's strict parse)."""
+    raw = np.asarray(vector, dtype=np.float64).reshape(-1)
+    if raw.size < header or not np.all(np.isfinite(raw)) or np.any(raw != np.rint(raw)) or np.any(raw < 0):
+        raise PolicyError("a Dubhe announcement holds non-negative integers")
+    ints = [int(v) for v in raw]
+    head, body = ints[:header], ints[header:]
+    width = len(values)
+    count = 1 if width == 0 else len(body) // width
+    if (width == 0 and body) or (width and len(body) % width) or not 1 <= count <= most:
+        raise PolicyError(f"a Dubhe announcement must name 1..{most} settings of {width} thresholds")
+    sizes = [len(v) for v in values.values()]
+    candidates = [tuple(body[m * width : (m + 1) * width]) for m in range(count)]
+    if any(j >= size for candidate in candidates for j, size in zip(candidate, sizes)):
+        raise PolicyError("a Dubhe announcement names a threshold outside the public grid")
+    return head, candidates
 
-class DubheSelector(Selector):
-    """Dubhe over a :class:`~secure_fl.selection.base.Population` (see the module docstring).
 
-    Client-side steps (Algorithm 1, Eq. 6, the coin flips) read only each client's own row of the
-    population and what the clients decrypted; server-side steps (top-up/trim, try bookkeeping)
-    read only who volunteered and what the agent released.
-    """
+def complete(volunteers: npt.NDArray[np.int64], num_clients: int, per_round: int,
+             rng: np.random.Generator) -> tuple[int, ...]:
+    """The server's step (§5.2): trim the volunteers, or top them up, uniformly to exactly K."""
+    if volunteers.size > per_round:
+        chosen = rng.choice(volunteers, size=per_round, replace=False)
+    elif volunteers.size < per_round:
+        rest = np.setdiff1d(np.arange(num_clients), volunteers, assume_unique=True)
+        chosen = np.concatenate([volunteers, rng.choice(rest, size=per_round - volunteers.size, replace=False)])
+    else:
+        chosen = volunteers
+    return tuple(sorted(int(k) for k in chosen))
 
-    name = "dubhe"
 
-    def __init__(self, params: DubheParams | None = None, *, transport: Transport | None = None) -> None:
-        super().__init__(transcript=transport.transcript if transport is not None else None)
-        self.params = params if params is not None else DubheParams()
-        self.transport = transport if transport is not None else InMemoryTransport(self.transcript)
-        self.backend: DubheBackend | None = None
-        self.codebook: RegistryCodebook | None = None
-        self.sigma: dict[int, float] | None = None
-        self.overall: npt.NDArray[np.int64] | None = None
-        """R_A as the clients decrypted it (the server never holds it)."""
-        self.categories: npt.NDArray[np.int64] | None = None
-        """Each client's own category u_k (client-side)."""
-        self.search_log: list[tuple[list[dict[int, float]], int]] = []
-        """Each search step's candidates and the index the agent released (public)."""
-        self.last_tries: list[tuple[int, ...]] = []
-        self.last_choice: int = 0
-        self.rounds = 0
-
-    # -- registration epoch --
-
-    def register(self, population: Population, rng: np.random.Generator, *, per_round: int,
-                 round: int = -1) -> None:
-        super().register(population, rng, per_round=per_round, round=round)
-        p = self.params
-        n, c = population.num_clients, population.num_classes
-        self._check_k(per_round, n)
-        codebook = p.codebook(c)
-        if self.backend is None or self.backend.shape != (n, c):
-            self.backend = self._make_backend(n, c)
-            with self.timed("setup"):
-                self.backend.setup()
-        else:
-            self.backend.forget()  # a new epoch: last epoch's counts are stale
-        sigma = p.sigma_for(codebook)
-        counts = {k: population.counts[k] for k in range(n)}
-        if (p.tries > 1 or sigma is None) and p.uploads == "registration":
-            with self.timed("counts_upload"):
-                self.backend.upload_counts(counts, statistic=STATISTICS["counts"], round=round)
-        if sigma is None:
-            with self.timed("search"):
-                sigma = self._search(population, codebook, rng, per_round, round)
-        with self.timed("registration"):
-            categories = codebook.categorize(population.counts, sigma)  # client-side
-            overall = self.backend.register(codebook.one_hot(categories), statistic=STATISTICS["registry"],
-                                            round=round)
-        self.codebook, self.sigma, self.categories, self.overall = codebook, sigma, categories, overall
-
-    def _make_backend(self, n: int, c: int) -> DubheBackend:
-        if self.params.protocol == "plain":
-            return PlainBackend(num_clients=n, num_classes=c, params=self.params)
-        return PaillierBackend(num_clients=n, num_classes=c, params=self.params, transport=self.transport)
-
-    def _search(self, population: Population, codebook: RegistryCodebook, rng: np.random.Generator,
-                per_round: int, round: int) -> dict[int, float]:
-        """The parameter search (§5.3.2): returns the σ the agent picked; the server learns only indices."""
-        grid = self.params.grid_for(codebook)
-        keys = codebook.thresholds
-        self.search_log = []
-        if self.params.search == "grid":
-            candidates = [dict(zip(keys, combo)) for combo in itertools.product(*(grid[i] for i in keys))]
-            return self._evaluate(population, codebook, candidates, rng, per_round, round)
-        best = {i: grid[i][(len(grid[i]) - 1) // 2] for i in keys}
-        for i in keys:
-            if len(grid[i]) > 1:
-                candidates = [{**best, i: value} for value in grid[i]]
-                best = self._evaluate(population, codebook, candidates, rng, per_round, round)
-        return best
-
-    def _evaluate(self, population: Population, codebook: RegistryCodebook, candidates: list[dict[int, float]],
-                  rng: np.random.Generator, per_round: int, round: int) -> dict[int, float]:
-        """One search step: batched registration under every candidate, tries, the agent's argmin."""
-        assert self.backend is not None
-        if len(candidates) == 1:
-            self.search_log.append((candidates, 0))
-            return candidates[0]
-        if per_round < self.params.min_contributors:
-            raise ValueError(f"the search needs per_round >= min_contributors ({self.params.min_contributors})")
-        categories = [codebook.categorize(population.counts, s) for s in candidates]  # client-side
-        batched = np.concatenate([codebook.one_hot(cat) for cat in categories], axis=1)
-        overall = self.backend.register(batched, statistic=STATISTICS["search_registry"], round=round)
-        overall = overall.reshape(len(candidates), codebook.length)
-        groups = []
-        for m, cat in enumerate(categories):
-            probability = participation_probability(overall[m], cat, per_round)  # client-side
-            groups.append([self._draw(probability, per_round, rng) for _ in range(self.params.search_tries)])
-        if self.params.uploads == "round":
-            members = sorted({pid for group in groups for t in group for pid in t})
-            self.backend.upload_counts({k: population.counts[k] for k in members},
-                                       statistic=STATISTICS["counts"], round=round)
-        index = self.backend.argmin(groups, statistic=STATISTICS["search"], round=round)
-        self.search_log.append((candidates, index))
-        return candidates[index]
-
-    # -- rounds --
-
-    def probabilities(self, per_round: int) -> npt.NDArray[np.float64]:
-        """Every client's Eq. 6 probability (each computed client-side from R_A and its own u)."""
-        if self.overall is None or self.categories is None:
-            raise RuntimeError("dubhe: register a population before selecting")
-        return participation_probability(self.overall, self.categories, per_round)
-
-    @staticmethod
-    def _draw(probability: npt.NDArray[np.float64], per_round: int, rng: np.random.Generator) -> tuple[int, ...]:
-        """Clients flip their coins; the server tops the volunteers up or trims them uniformly to K."""
-        n = probability.size
-        volunteers = np.flatnonzero(rng.random(n) < probability)
-        if volunteers.size > per_round:
-            chosen = rng.choice(volunteers, size=per_round, replace=False)
-        elif volunteers.size < per_round:
-            rest = np.setdiff1d(np.arange(n), volunteers, assume_unique=True)
-            chosen = np.concatenate([volunteers, rng.choice(rest, size=per_round - volunteers.size, replace=False)])
-        else:
-            chosen = volunteers
-        return tuple(sorted(int(k) for k in chosen))
-
-    def select(self, per_round: int, rng: np.random.Generator, *, round: int = 0,
-               tries: int | None = None) -> tuple[int, ...]:
-        """Eq. 6 coins, top-up/trim to K, and with H > 1 the agent's h* (``tries`` overrides H)."""
-        pop = self._require()
-        n = pop.num_clients
-        self._check_k(per_round, n)
-        assert self.backend is not None
-        h = self.params.tries if tries is None else int(tries)
-        if h < 1:
-            raise ValueError("tries must be at least 1")
-        if h > 1 and self.params.uploads == "registration" and not self.backend.stored():
-            raise RuntimeError("multi-time selection needs the counts uploaded at registration: "
-                               "register with tries > 1 or without sigma")
-        with self.timed("selection"):
-            self.rounds += 1
-            if per_round >= n:
-                return tuple(range(n))
-            probability = self.probabilities(per_round)
-            if h == 1:
-                return self._draw(probability, per_round, rng)
-            if per_round < self.params.min_contributors:
-                raise ValueError(f"multi-time selection needs per_round >= {self.params.min_contributors}")
-            drawn = [self._draw(probability, per_round, rng) for _ in range(h)]
-            if self.params.uploads == "round":
-                members = sorted({pid for t in drawn for pid in t})
-                self.backend.upload_counts({k: pop.counts[k] for k in members},
-                                           statistic=STATISTICS["counts"], round=round)
-            index = self.backend.argmin([[t] for t in drawn], statistic=STATISTICS["selection"], round=round)
-            self.last_tries, self.last_choice = drawn, index
-            return drawn[index]
+def declarations(params: DubheParams, num_classes: int) -> dict[str, StatisticDeclaration]:
+    """Every statistic a Dubhe run may ask a client for: both halves build them from here."""
+    codebook = params.codebook(num_classes)
+    searching = params.sigma is None
+    out = [
+        StatisticDeclaration(
+            name=STATISTICS["registry"], length=codebook.length, bound=1, learners=frozenset({"clients"}),
+            description="Dubhe registry: a one-hot category under σ, summed (Paillier, every client holds "
+                        "the key) into R_A for the clients only"),
+        StatisticDeclaration(
+            name=STATISTICS["volunteers"], length=params.tries, bound=1, learners=frozenset({"server"}),
+            description="one client's H coin flips (Eq. 6), asked of each client alone: the server learns "
+                        "who volunteered for each try, which it needs to top up or trim to K"),
+    ]
+    if params.tries > 1 or searching:
+        out.append(StatisticDeclaration(
+            name=STATISTICS["counts"], length=num_classes, bound=params.count_bound,
+            learners=frozenset({"server"}),
+            description="Enc(label counts), stored by the server for try sums; an agent client decrypts "
+                        "sums of >= min_contributors clients and releases only the argmin index"))
+    if searching:
+        most = max_candidates(params, codebook)
+        out.append(StatisticDeclaration(
+            name=STATISTICS["search_registry"], length=most * codebook.length, bound=1,
+            learners=frozenset({"clients"}),
+            description="a search step's registries, one per candidate σ (padded), summed for the clients"))
+        out.append(StatisticDeclaration(
+            name=STATISTICS["search_volunteers"], length=most * params.search_tries, bound=1,
+            learners=frozenset({"server"}),
+            description="one client's coin flips for a search step's tentative sets (padded)"))
+    return {d.name: d for d in out}

@@ -30,7 +30,8 @@ import numpy as np
 
 from .base import Population, dubhe_population
 from .baselines import GreedySelector, RandomSelector
-from .dubhe import STATISTICS, DubheParams, DubheSelector
+from .dubhe import STATISTICS, DubheParams
+from .dubhe_embedded import DubheSelector
 from .study import server_view
 
 __all__ = ["run_experiment"]

@@ -22,12 +22,14 @@ import numpy as np
 from phe import paillier as phe_paillier
 
 from protocols import SERVER, Transcript
+from protocols.paillier import PaillierClientSession, PaillierServerSession
 from protocols.primitives import paillier as raw
 from secure_fl.data.partition import DubheProfile
 
 from .base import Population, Selector, dubhe_population
 from .baselines import RandomSelector
-from .dubhe import STATISTICS, DubheParams, DubheSelector, PaillierBackend
+from .dubhe import STATISTICS, DubheParams
+from .dubhe_embedded import DubheSelector, PaillierBackend
 from .registry import expected_participants
 
 __all__ = ["StudyConfig", "per_entry_registration", "run_study", "server_view"]
@@ -189,9 +191,12 @@ def per_entry_registration(selector: DubheSelector, sample: int) -> dict[str, An
     if not isinstance(backend, PaillierBackend) or selector.codebook is None or selector.categories is None:
         raise ValueError("the per-entry comparison needs a registered Dubhe selector on Paillier")
     session = backend.session
-    pk = session.public_key
+    assert isinstance(session.server, PaillierServerSession)
+    pk = session.server.public_key
     assert pk is not None
-    private = session.client_keys(session.clients[0]).private_key
+    client = session.client_session(session.clients[0])
+    assert isinstance(client, PaillierClientSession) and client.keys is not None
+    private = client.keys.private_key
     assert private is not None
     phe_pk = phe_paillier.PaillierPublicKey(int(pk.n))
     p, q = private.export_secret()

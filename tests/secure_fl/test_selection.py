@@ -1,4 +1,7 @@
-"""Client selection: Dubhe's registry and Eq. 6, the encrypted path, the baselines, the CLI, the runtime."""
+"""The selection study: Dubhe's registry and Eq. 6, the embedded encrypted path, the baselines, the CLI.
+
+A run's selection halves (over the network, in client nodes) are tested in test_runtime_selection.py.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from secure_fl.selection import (
     participation_probability,
     synthetic_labels,
 )
-from secure_fl.selection.dubhe import STATISTICS
+from secure_fl.selection.dubhe import STATISTICS, complete
 from secure_fl.selection.study import StudyConfig, run_study, server_view
 
 TEST_KEYS = {"key_bits": 1024, "allow_weak_keys": True}
@@ -234,16 +237,30 @@ def test_greedy_minimises_kl_and_reaches_the_global_distribution_at_full_partici
     assert len(clear) == population.num_clients and all(e.receiver == SERVER for e in clear)
 
 
-def test_random_draws_like_the_runtime(population: Population) -> None:
-    from secure_fl.runtime import RandomSelection, SelectionContext
-    from secure_fl.stats import GlobalStatistics
+def test_random_and_greedy_draw_like_a_run(population: Population) -> None:
+    from protocols import LocalNetwork
+    from secure_fl.selection import RandomSelection, SelectionContext, kl_greedy
+    from secure_fl.stats import StatisticsPlan
+    from secure_fl.stats.coordinator import StatsCoordinator
 
     rand = RandomSelector()
     rand.register(population, np.random.default_rng(0), per_round=7)
-    stats = GlobalStatistics(clients=range(population.num_clients))
+    stats = StatsCoordinator(StatisticsPlan(clients=tuple(range(population.num_clients))), LocalNetwork())
     ctx = SelectionContext(round=3, num_clients=population.num_clients, clients_per_round=7,
                            rng=np.random.default_rng(42), stats=stats)
     assert rand.select(7, np.random.default_rng(42)) == RandomSelection().select(ctx)
+    greedy = GreedySelector()
+    greedy.register(population, np.random.default_rng(0), per_round=7)
+    assert greedy.select(7, np.random.default_rng(5)) == kl_greedy(population.counts, 7, np.random.default_rng(5))
+
+
+def test_top_up_and_trim_to_k() -> None:
+    rng = np.random.default_rng(0)
+    assert complete(np.array([1, 3, 5]), 10, 3, rng) == (1, 3, 5)
+    trimmed = complete(np.arange(8), 10, 3, rng)
+    assert len(trimmed) == 3 and set(trimmed) <= set(range(8))
+    topped = complete(np.array([9]), 10, 4, rng)
+    assert len(topped) == 4 and 9 in topped
 
 
 def test_population_measures_agree_with_the_data_package() -> None:
@@ -322,60 +339,17 @@ def test_study_reports_the_reduction() -> None:
     assert result["dubhe"]["expected_participants"] == pytest.approx(10)
 
 
-# --- the runtime --------------------------------------------------------------------------------
-
-def test_runtime_finds_greedy_and_dubhe_by_name(population: Population) -> None:
-    import torch
-
-    from secure_fl.algorithms.local import ClientData
-    from secure_fl.runtime import SelectionContext, make_selection
-    from secure_fl.stats import GlobalStatistics
-
-    clients = {k: ClientData(client_id=k, x=torch.zeros(0, 1), y=torch.zeros(0, dtype=torch.long),
-                             class_counts=population.counts[k]) for k in range(population.num_clients)}
-    stats = GlobalStatistics(clients=list(clients))
-    for name, params in (("dubhe", {"tries": 2, "sigma": [0.7, 0.1], "key_bits": 1024, "allow_weak_keys": True}),
-                         ("greedy", {})):
-        strategy = make_selection(name, params)
-        strategy.setup(num_clients=len(clients), stats=stats, clients=clients)
-        for r in range(2):
-            ctx = SelectionContext(round=r, num_clients=len(clients), clients_per_round=10,
-                                   rng=np.random.default_rng(r), stats=stats)
-            chosen = strategy.select(ctx)
-            assert len(chosen) == 10 == len(set(chosen)) and list(chosen) == sorted(chosen)
-    assert "dubhe_registry" in stats.declarations and "greedy_label_counts" in stats.declarations
-    names = {e.statistic for e in stats.transcript}
-    assert {STATISTICS["registry"], STATISTICS["selection"], "greedy_label_counts"} <= names
-    with pytest.raises(ValueError):
-        make_selection("dubhe", {"tries": 0})
-
-
-def test_dubhe_selection_reads_one_flat_table_into_its_params() -> None:
-    from secure_fl.runtime import make_selection
-
-    strategy = make_selection("dubhe", {"tries": 3, "sigma": [0.8, 0.1], "search": "grid", "seed": 7,
-                                        "reregister_every": 5})
-    assert strategy.params == DubheParams(tries=3, sigma=(0.8, 0.1), search="grid")  # type: ignore[attr-defined]
-    assert (strategy.seed, strategy.reregister_every) == (7, 5)  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) tris .*known: .*reregister_every.*tries"):
-        make_selection("dubhe", {"tris": 3})
-    with pytest.raises(ValueError, match="unknown parameter"):
-        make_selection("dubhe", {"params": {}})
-    with pytest.raises(ValueError, match="reregister_every"):
-        make_selection("dubhe", {"reregister_every": -1})
-    with pytest.raises(ValueError, match="unknown parameter.*_live"):
-        make_selection("greedy", {"_live": None})
-
+# --- re-registration and the experiment configs ----------------------------------------------
 
 def test_reregistration_keeps_the_keys_and_refreshes_registry_and_counts(population: Population) -> None:
     selector = DubheSelector(DubheParams(tries=2, sigma=(0.7, 0.1), **TEST_KEYS))
     selector.register(population, np.random.default_rng(0), per_round=8)
     backend = selector.backend
     assert backend is not None
-    key = backend.session.public_key  # type: ignore[attr-defined]
+    key = backend.session.server.public_key  # type: ignore[attr-defined]
     changed = Population(population.counts[:, ::-1].copy())  # every client's data changed
     selector.register(changed, np.random.default_rng(0), per_round=8)
-    assert selector.backend is backend and backend.session.public_key == key  # type: ignore[attr-defined]
+    assert selector.backend is backend and backend.session.server.public_key == key  # type: ignore[attr-defined]
     setups = {e.run_id for e in selector.transcript.select(statistic=STATISTICS["setup"])}
     registries = {e.run_id for e in selector.transcript.select(statistic=STATISTICS["registry"])}
     assert len(setups) == 1 and len(registries) == 2
