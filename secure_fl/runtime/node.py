@@ -258,11 +258,22 @@ class ClientNode:
             raise WireError(f"client {self.client_id}: unreadable snapshot ({type(error).__name__})") from None
         if not isinstance(saved, dict) or set(saved) != {"state", "participant", "trained_round", "selection"}:
             raise WireError(f"client {self.client_id}: not a node snapshot")
-        self.state = dict(saved["state"])
-        self.participant.load_state(saved["participant"])
-        self.trained_round = int(saved["trained_round"])
+        state, trained_round = saved["state"], saved["trained_round"]
+        if not isinstance(state, dict) or isinstance(trained_round, bool) or not isinstance(trained_round, int) \
+                or not isinstance(saved["participant"], dict) or not isinstance(saved["selection"], dict):
+            raise WireError(f"client {self.client_id}: a node snapshot with fields of the wrong type")
+        before = self.participant.state()
+        self.participant.load_state(saved["participant"])  # whole or not at all
         if self.selection is not None:
-            self.selection.load_state_dict(saved["selection"])
+            try:
+                self.selection.load_state_dict(saved["selection"])
+            except (KeyError, TypeError, ValueError) as error:
+                self.participant.load_state(before)
+                raise WireError(f"client {self.client_id}: bad selection state in snapshot: {error}") from None
+        elif saved["selection"]:
+            self.participant.load_state(before)
+            raise WireError(f"client {self.client_id}: the snapshot holds selection state this run has no use for")
+        self.state, self.trained_round = dict(state), trained_round
         self.update, self._broadcast, self._broadcast_round = None, {}, -1
         self.learned = {}
         self.dirty = False

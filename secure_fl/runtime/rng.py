@@ -64,5 +64,5 @@ class Seeds:
         # On the CPU only the default generator matters; torch.manual_seed would also queue lazy
         # seeding of every accelerator backend (~0.5 ms a call, paid per client per round).
         with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
             yield

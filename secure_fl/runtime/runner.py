@@ -228,6 +228,9 @@ def execute_run(
                 bytes=sim.stats.bytes_by_statistic(result.round), privacy=result.privacy,
                 # the method's metrics and, named sim.*, the harness's simulator telemetry
                 metrics={**result.metrics, **result.telemetry},
+                releases=[ReleaseRow(statistic=r.name, protocol=r.protocol, contributors=len(r.contributors),
+                                     dropouts=len(r.dropouts), clipped=r.clipped, bytes=r.bytes)
+                          for r in result.releases],
             )
             declarations = _declarations(sim)
             store.record_round(run_id, row, sim.checkpoint(), declarations)
@@ -253,7 +256,9 @@ def _declarations(sim: Any) -> dict[str, dict[str, Any]]:
     out = {}
     for name, declaration in sim.stats.declarations.items():
         entry = declaration.as_dict()
-        entry["protocol"] = sim.plan.protocol_for(declaration)
+        # the protocol its releases went through (a strategy's own session may differ from the plan's)
+        entry["protocol"] = next((r.protocol for r in reversed(sim.stats.records) if r.name == name),
+                                 sim.plan.protocol_for(declaration))
         noisy = sim.stats.noisy.get(name)
         if noisy is not None:
             entry["privacy"] = noisy.describe()

@@ -64,6 +64,8 @@ class RoundResult:
     telemetry: dict[str, float | None] = field(default_factory=dict)
     """Simulator telemetry of the method (:meth:`~secure_fl.algorithms.Method.simulator_telemetry`,
     scored against every client's data), names prefixed ``sim.``: stored beside ``metrics``."""
+    releases: tuple[Release, ...] = ()
+    """The statistic releases since the previous round (round 0's include the set-up's)."""
 
 
 class Simulation:
@@ -212,7 +214,7 @@ class Simulation:
         return RoundResult(round=outcome.round, selected=outcome.selected, train_loss=train_loss,
                            clipped=outcome.clipped, seconds=outcome.seconds, metrics=outcome.metrics,
                            privacy=self.privacy_report() if self.dp_enabled else {}, refusals=outcome.refusals,
-                           telemetry=telemetry)
+                           telemetry=telemetry, releases=releases)
 
     def evaluate(self) -> dict[str, Any]:
         return self.server.evaluate()
