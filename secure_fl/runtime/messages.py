@@ -88,7 +88,7 @@ class RuntimeMessage:
             values = np.ascontiguousarray(self.vector, dtype="<f4")
             writer.u32(int(values.shape[0])).raw(values.tobytes())
         if self.kind == Kind.REFUSE:
-            writer.blob(self.reason.encode("utf-8", "replace")[:512])
+            writer.blob(self.reason.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8"))
         return writer.finish()
 
     @classmethod
@@ -120,7 +120,10 @@ class RuntimeMessage:
             if not np.all(np.isfinite(vector)):
                 raise WireError("non-finite value in a broadcast vector")
         if kind == Kind.REFUSE:
-            reason = reader.blob(max_len=512).decode("utf-8", "replace")
+            try:
+                reason = reader.blob(max_len=512).decode("utf-8")
+            except UnicodeDecodeError:
+                raise WireError("a refusal's reason is not UTF-8") from None
         reader.end()
         return cls(kind=kind, round=round_, digest=bytes(digest), name=name, vector=vector, reason=reason)
 
