@@ -35,6 +35,9 @@ class ProtocolDescriptor:
     ``module``
         where ``Stage``, the session classes (``server_class``, ``client_class``) and the
         frozen options class (``options_class_name``, when the protocol has options) live.
+
+    The stage names below (and ``reader``) are what a party that reads the transcript — the
+    leakage audit — needs to know of a run's messages without knowing the protocol by name.
     """
 
     name: str
@@ -50,6 +53,17 @@ class ProtocolDescriptor:
     server_class: str
     client_class: str
     options_class_name: str | None = None
+    input_stages: tuple[str, ...] = ("upload",)
+    """Stages whose client → server message carries that client's own input to a sum."""
+    key_stage: str | None = None
+    """The set-up stage in which the party that generated the key pair sends the public key (or
+    public context) to the server; a client sending it holds the secret key."""
+    sealed_key_stage: str | None = None
+    """The set-up stage in which the server relays the secret key, sealed, to further clients
+    (each receiver holds the key too)."""
+    reader: str = "MessageReader"
+    """The class in :mod:`protocols.readers` that reads this protocol's messages as their
+    receiver can (an upload or a released sum, given the keys the reader holds)."""
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _attr(self, attr: str) -> Any:
@@ -90,6 +104,21 @@ class ProtocolDescriptor:
         except TypeError as error:
             raise ValueError(f"bad options for protocol {self.name!r}: {error}") from None
 
+    def message_reader(self) -> Any:
+        """What a receiver reads of this protocol's messages (:class:`protocols.readers.MessageReader`)."""
+        if "_reader" not in self._cache:
+            from . import readers
+
+            self._cache["_reader"] = getattr(readers, self.reader)()
+        return self._cache["_reader"]
+
+    def applicable(self, **values: Any) -> dict[str, Any]:
+        """The subset of ``values`` that are options of this protocol (a command line's generic
+        flags — key size, key holder — meet each protocol's own options here)."""
+        cls = self.options_class
+        known = set() if cls is None else {f.name for f in fields(cls) if f.init}
+        return {k: v for k, v in values.items() if k in known}
+
     def server_session(self, *, clients: Any, options: Any = None) -> Any:
         """The server's long-lived state for this protocol (keys it may hold, parameters)."""
         return self._attr(self.server_class)(clients=clients, options=options)
@@ -104,32 +133,36 @@ DESCRIPTORS: Final[dict[str, ProtocolDescriptor]] = {
         ProtocolDescriptor(
             name="clear", code=6, family="clear", exact=False, keyed=False, server_learns_sum=True,
             module="protocols.clear", encoded=False, server_class="ClearServerSession",
-            client_class="ClearClientSession",
+            client_class="ClearClientSession", reader="ClearReader",
             summary="raw float32 vectors added by the server: no protection, no quantisation (the baseline "
                     "for model updates)"),
         ProtocolDescriptor(
             name="plain", code=1, family="clear", exact=True, keyed=False, server_learns_sum=True,
             module="protocols.plain", server_class="PlainServerSession", client_class="PlainClientSession",
+            reader="PlainReader",
             summary="encoded vectors in the clear: no protection (the baseline for cost and leakage)"),
         ProtocolDescriptor(
             name="paillier", code=2, family="he", exact=True, keyed=True, server_learns_sum=False,
             module="protocols.paillier", server_class="PaillierServerSession",
             client_class="PaillierClientSession", options_class_name="PaillierOptions",
+            input_stages=("upload", "try_upload"), key_stage="public_key", sealed_key_stage="sealed_key",
+            reader="PaillierReader",
             summary="packed Paillier; the server multiplies ciphertexts, a client-side key holder decrypts"),
         ProtocolDescriptor(
             name="masking", code=3, family="masking", exact=True, keyed=False, server_learns_sum=True,
             module="protocols.masking", server_class="CompleteServerSession", client_class="CompleteClientSession",
-            options_class_name="MaskingOptions",
+            options_class_name="MaskingOptions", reader="MaskingReader",
             summary="SecAgg (Bonawitz et al. 2017): pairwise masks on the complete graph, Shamir-shared seeds"),
         ProtocolDescriptor(
             name="secagg+", code=4, family="masking", exact=True, keyed=False, server_learns_sum=True,
             module="protocols.masking", server_class="SparseServerSession", client_class="SparseClientSession",
-            options_class_name="MaskingOptions",
+            options_class_name="MaskingOptions", reader="SparseMaskingReader",
             summary="SecAgg+ (Bell et al. 2020): pairwise masks on a sparse random Harary graph"),
         ProtocolDescriptor(
             name="ckks", code=5, family="he", exact=True, keyed=True, server_learns_sum=False,
             module="protocols.ckks", server_class="CkksServerSession", client_class="CkksClientSession",
-            options_class_name="CkksOptions",
+            options_class_name="CkksOptions", key_stage="context", sealed_key_stage="sealed_key",
+            reader="CkksReader",
             summary="CKKS on TenSEAL; the server adds ciphertexts, a client-side key holder decrypts and "
                     "rounds to the encoding's grid"),
     )

@@ -19,7 +19,7 @@ import sys
 import warnings
 from typing import Any
 
-from protocols import PROTOCOLS, ProtocolError
+from protocols import PROTOCOLS, ProtocolError, descriptor
 
 __all__ = ["register", "run"]
 
@@ -58,9 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _protocol_options(args: argparse.Namespace) -> dict[str, Any]:
-    if args.protocol == "paillier":
-        return {"key_bits": args.key_bits, "allow_weak_keys": args.key_bits < 2048}
-    return {}
+    return descriptor(args.protocol).applicable(key_bits=args.key_bits, allow_weak_keys=args.key_bits < 2048)
 
 
 def _print_table(result: dict[str, Any]) -> None:

@@ -11,7 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from protocols import PROTOCOLS, DropoutPlan, ProtocolError, SecureSum, VectorSpec, make_sum
+from protocols import (
+    PROTOCOLS,
+    DropoutPlan,
+    ProtocolError,
+    SecureSum,
+    VectorSpec,
+    descriptor,
+    make_sum,
+)
 
 
 def register(sub: Any) -> None:
@@ -35,13 +43,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _options(args: argparse.Namespace, spec: VectorSpec) -> dict[str, Any]:
-    if args.protocol == "paillier":
-        return {"key_bits": args.key_bits, "keyholder": args.keyholder,
-                "allow_weak_keys": args.key_bits < 2048}
-    if args.protocol == "ckks":
-        return {"keyholder": args.keyholder if args.keyholder != "server" else "agent"}
-    return {}
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The generic flags the chosen protocol takes (an HE key holder it has no mode for is refused)."""
+    return descriptor(args.protocol).applicable(
+        key_bits=args.key_bits, keyholder=args.keyholder, allow_weak_keys=args.key_bits < 2048)
 
 
 def _fill_pools(session: SecureSum, spec: VectorSpec) -> None:
@@ -84,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     n_drop = round(args.dropout * args.clients)
     dropped = sorted(int(c) for c in rng.choice(clients, size=n_drop, replace=False))
     try:
-        session = make_sum(args.protocol, clients=clients, **_options(args, spec))
+        options = descriptor(args.protocol).options(**_options(args))
+    except ValueError as error:  # a flag this protocol cannot take as given: a usage error
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        session = SecureSum(args.protocol, clients=clients, options=options)
         session.setup(round=-1)  # the key set-up, as messages between the parties (none for unkeyed protocols)
         if args.pool:
             _fill_pools(session, spec)
