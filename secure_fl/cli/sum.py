@@ -18,7 +18,6 @@ from protocols import (
     SecureSum,
     VectorSpec,
     descriptor,
-    make_sum,
 )
 
 
