@@ -39,8 +39,10 @@ __all__ = [
     "disaggregate",
     "distribution",
     "dubhe_frequency_inference",
+    "exact_result",
     "integer_counts",
     "label_counts_from_update",
+    "nonnegative_solve",
     "ratio_monitor_composition",
     "score",
     "trivial_result",
@@ -143,6 +145,14 @@ def score(
     )
 
 
+def exact_result(name: str, party: str, clients: Sequence[int], truth: Mapping[int, npt.ArrayLike],
+                 prior: npt.ArrayLike, *, note: str, rounds: int | None = None) -> AttackResult:
+    """The score of reading each of ``clients``' label counts exactly: an attack whose reading *is*
+    the decryption or unmasking of an exact protocol, which yields the plaintext itself."""
+    return score(name, party, {c: truth[c] for c in clients if c in truth}, truth, prior, counts=True,
+                 rounds=rounds, note=note)
+
+
 def trivial_result(name: str, party: str, truth: Mapping[int, npt.ArrayLike], prior: npt.ArrayLike,
                    *, note: str, rounds: int | None = None) -> AttackResult:
     """The score of the fallback guess ``P(y)`` for every client (advantage 0)."""
@@ -165,6 +175,11 @@ def _nnls(design: FloatArray, target: FloatArray) -> FloatArray:
     norms[norms == 0] = 1.0
     solution, _ = nnls(design / norms, target, maxiter=50 * design.shape[1])
     return np.asarray(solution / norms, dtype=np.float64)
+
+
+def nonnegative_solve(design: npt.ArrayLike, target: npt.ArrayLike) -> FloatArray:
+    """``x ≥ 0`` with ``design @ x ≈ target`` (least squares)."""
+    return _nnls(np.asarray(design, dtype=np.float64), np.asarray(target, dtype=np.float64).reshape(-1))
 
 
 def composition_from_update(update: npt.ArrayLike, signatures: npt.ArrayLike, *, step: float) -> FloatArray:

@@ -1,19 +1,20 @@
-"""The exposure ledger: what every party can read, derived from a run's transcript.
+"""The exposure ledger: what every party can read, row by row, from the messages it received.
 
-A :class:`~protocols.Transcript` records every message with what its *receiver* can read
-of it (``visibility``, ``k``, ``owner``). The ledger turns that into one row per party,
-round and value — the party's own inputs, another client's value in the clear, an
-aggregate of ``k`` clients, a ciphertext, a masked vector, a sealed share or public
-material — and corrects the two things the per-message view cannot know:
+Every tapped message (:mod:`secure_fl.audit.tap`) carries its sender's label: what its
+*receiver* can read of it (``visibility``, ``k``, ``owner``). The ledger turns that into one row
+per party, round and value — the party's own inputs, another client's value in the clear, an
+aggregate of ``k`` clients, a ciphertext, a masked vector, a sealed share or public material —
+and adds what no single message says, from the protocols' descriptors and the runs' ``open``
+requests (never from protocol names):
 
-* **who holds a decryption key.** A Paillier ciphertext is labelled ``ciphertext`` by the
-  sender, but when the server holds the secret key (``keyholder="server"``) it is a value
-  the server reads in the clear. Key holders are read from the set-up messages in the
-  transcript itself (who published the public key or context, who received a sealed
-  secret key) and, failing that, from the protocol options;
-* **sums a party computes itself.** The ``plain`` and masking servers add the uploads
-  locally, so no message carries the result to them; the ledger adds a ``computed`` row
-  (0 bytes) for the aggregate they learn.
+* **who holds a decryption key**: the client that published the public key in a set-up run
+  (the descriptor's ``key_stage``) and those the secret key was sealed to (``sealed_key_stage``);
+  the server when no client published it;
+* **sums a party computes itself**: a protocol that adds or unmasks at the server
+  (``server_learns_sum``), or a keyed run whose uploads the server reads (its senders labelled
+  them ``clear``: the server holds the key), gets a ``computed`` row (0 bytes);
+* **each run's collusion threshold**: what the protocol's reader makes of the run's request
+  (masking's Shamir ``t`` is in the ``open``'s parameters), else one key holder.
 
 From the rows it derives the per-run figures of the audit (:class:`LedgerSummary`):
 bytes of per-client plaintext the server can read, ``k_min`` (smallest aggregate any
@@ -27,16 +28,43 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocols import SERVER, Transcript, TranscriptEntry, Visibility
-from protocols.wire import party_name
+from protocols import (
+    DESCRIPTORS,
+    SERVER,
+    ProtocolDescriptor,
+    SumRequest,
+    Transcript,
+    TranscriptEntry,
+    Visibility,
+    descriptor,
+)
+from protocols.wire import OPEN, party_name
+from secure_fl.audit.exposure import (
+    AGGREGATE,
+    CIPHERTEXT,
+    CLEAR,
+    KINDS,
+    MASKED,
+    OWN,
+    PUBLIC,
+    SEALED,
+    ExposureRow,
+    KeyHolders,
+    LedgerSummary,
+    RunInfo,
+    StatisticSummary,
+    party_label,
+)
+
+if TYPE_CHECKING:
+    from secure_fl.audit.tap import Tapped
 
 __all__ = [
-    "CLEAR_PROTOCOL",
     "ExposureRow",
     "KeyHolders",
     "Ledger",
@@ -44,214 +72,54 @@ __all__ = [
     "RunInfo",
     "StatisticSummary",
     "build_ledger",
-    "protocol_threshold",
     "recoverable_clients",
+    "run_threshold",
 ]
 
-CLEAR_PROTOCOL = "clear"
-"""Values handed over without any protocol (model updates in the runtime's default mode)."""
-
-HE_PROTOCOLS = frozenset({"paillier", "ckks"})
-MASKING_PROTOCOLS = frozenset({"masking", "secagg+"})
-SERVER_SUMS = frozenset({"plain", CLEAR_PROTOCOL}) | MASKING_PROTOCOLS
-"""Protocols whose server computes the sum itself (no message brings it the result)."""
-
-KEY_PUBLISH_STAGES = {"paillier": "public_key", "ckks": "context"}
-UPLOAD_STAGES = frozenset({"upload", "try_upload"})
-"""Stages in which a client sends its own input (``try_upload``: :mod:`protocols.argmin`)."""
-SEALED_KEY_STAGE = "sealed_key"
-
-# Kinds of rows, from most to least revealing to the party that holds them.
-OWN, CLEAR, AGGREGATE, CIPHERTEXT, MASKED, SEALED, PUBLIC = (
-    "own", "clear", "aggregate", "ciphertext", "masked", "sealed", "public",
-)
-KINDS = (OWN, CLEAR, AGGREGATE, CIPHERTEXT, MASKED, SEALED, PUBLIC)
-
-
-def _name(party: int | None) -> str | None:
-    return None if party is None else party_name(party)
-
-
-@dataclass(frozen=True)
-class ExposureRow:
-    """One value one party holds: what kind, of whom, how large.
-
-    ``readable`` is True when the party can read the value alone (its own value, another
-    client's value in the clear — including a ciphertext under a key the party holds — or
-    an aggregate); ``k`` is the number of clients mixed into it (1 for a single client's
-    value, 0 for public material); ``k_effective`` discounts the party's own contribution
-    to an aggregate it helped form (a contributor to a sum of 2 learns the other input).
-    """
-
-    party: str
-    role: str
-    round: int
-    protocol: str
-    statistic: str
-    stage: str
-    kind: str
-    k: int
-    k_effective: int
-    dimension: int
-    bytes: int
-    owner: str | None
-    readable: bool
-    run_id: str
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class KeyHolders:
-    """Who can decrypt a protocol's ciphertexts in this run (HE protocols only)."""
-
-    protocol: str
-    mode: str
-    """``server``, ``agent``, ``all`` or ``unknown``."""
-    holders: frozenset[int]
-    agent: int | None = None
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One protocol run (one secure sum, or one round of clear uploads of a statistic)."""
-
-    protocol: str
-    statistic: str
-    round: int
-    run_id: str
-    contributors: tuple[int, ...]
-    learners: tuple[int, ...]
-    """Parties that can read the sum (party ids; :data:`protocols.SERVER` for the server)."""
-    threshold: int | None = None
-    """Masking runs: Shamir shares needed to recover one client's secrets."""
-
-    @property
-    def k(self) -> int:
-        return len(self.contributors)
-
-
-@dataclass(frozen=True)
-class StatisticSummary:
-    """One statistic over the whole run."""
-
-    statistic: str
-    protocols: tuple[str, ...]
-    rounds: int
-    dimension: int
-    k_min: int | None
-    server_reads_individual: bool
-    server_learns_sum: bool
-    collusion_threshold: int | None
-    participants: int
-    recoverable: tuple[int, ...]
-    """Clients whose value the server could isolate by differencing round sums, if constant."""
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["protocols"] = list(self.protocols)
-        data["recoverable"] = list(self.recoverable)
-        return data
-
-
-@dataclass(frozen=True)
-class LedgerSummary:
-    """The per-run figures of the audit matrix."""
-
-    clients: tuple[int, ...]
-    server_plaintext_bytes_per_client: float
-    """Mean over clients of the bytes of that client's individual values the server can read."""
-    server_plaintext_bytes_by_client: dict[int, int]
-    k_min: int | None
-    """Smallest number of clients in any value a party other than its owner can read."""
-    k_min_effective: int | None
-    """Same, not counting the reading party's own contribution."""
-    collusion_threshold: int | None
-    """Fewest clients who (with the server, or alone) can read one honest client's value:
-    the smaller of the protocols' own thresholds and ``k - 1`` for the smallest readable sum."""
-    protocol_collusion_threshold: int | None
-    """The protocols' own threshold only (0 plain, 1 client key holder, t masking)."""
-    key_holders: dict[str, KeyHolders]
-    statistics: dict[str, StatisticSummary]
-    flags: tuple[str, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "clients": list(self.clients),
-            "server_plaintext_bytes_per_client": self.server_plaintext_bytes_per_client,
-            "server_plaintext_bytes_by_client": {str(c): b for c, b in self.server_plaintext_bytes_by_client.items()},
-            "k_min": self.k_min,
-            "k_min_effective": self.k_min_effective,
-            "collusion_threshold": self.collusion_threshold,
-            "protocol_collusion_threshold": self.protocol_collusion_threshold,
-            "key_holders": {
-                name: {"mode": kh.mode, "holders": sorted(_name(h) or "" for h in kh.holders),
-                       "agent": _name(kh.agent)}
-                for name, kh in self.key_holders.items()
-            },
-            "statistics": {name: s.as_dict() for name, s in self.statistics.items()},
-            "flags": list(self.flags),
-        }
-
-
-# --- key holders and thresholds ----------------------------------------------------------------
+# --- key holders -------------------------------------------------------------------------------
 
 def _setup_key_holders(protocol: str, setup: Sequence[TranscriptEntry]) -> KeyHolders:
-    """Who holds the HE secret key after one key set-up (a run with a key-publishing stage)."""
-    publish = KEY_PUBLISH_STAGES[protocol]
-    agent_sends = [e for e in setup if e.stage == publish and e.sender != SERVER and e.receiver == SERVER]
+    """Who holds the secret key after one key set-up: the client that published the public key
+    (the descriptor's ``key_stage``) and those the secret key was sealed to (``sealed_key_stage``);
+    the server when no client published it."""
+    d = descriptor(protocol)
+    agent_sends = [e for e in setup if e.stage == d.key_stage and e.sender != SERVER and e.receiver == SERVER]
     if not agent_sends:
         return KeyHolders(protocol, "server", frozenset({SERVER}))
     agent = agent_sends[0].sender
-    sealed = {e.receiver for e in setup if e.stage == SEALED_KEY_STAGE and e.sender == SERVER}
+    sealed = {e.receiver for e in setup if e.stage == d.sealed_key_stage and e.sender == SERVER}
     if sealed:
         return KeyHolders(protocol, "all", frozenset({agent, *sealed}), agent)
     return KeyHolders(protocol, "agent", frozenset({agent}), agent)
 
 
-def _server_decrypts(protocol: str, run: Sequence[TranscriptEntry], options: Mapping[str, Any]) -> bool:
-    """Does the server hold the key of this HE run? Client key holders always get the aggregate
-    ciphertext (stage ``aggregate``); a run whose uploads reach the server and that has no such
-    stage was decrypted by the server itself (Paillier ``keyholder="server"``)."""
-    if protocol != "paillier":
-        return False
-    uploads = any(e.stage == "upload" and e.visibility == Visibility.CIPHERTEXT for e in run)
-    if uploads:
-        return not any(e.stage == "aggregate" for e in run)
-    return options.get("keyholder") == "server"
+def _server_decrypts(d: ProtocolDescriptor, run: Sequence[TranscriptEntry]) -> bool:
+    """Does the server read this run's sum itself? A protocol that adds or unmasks at the server
+    says so (``server_learns_sum``); in a keyed protocol the server does exactly when it holds the
+    key (Paillier ``keyholder="server"``), and then each client labels its input upload as readable
+    by the server (``clear``)."""
+    if d.server_learns_sum:
+        return True
+    return any(e.stage in d.input_stages and e.receiver == SERVER and e.visibility == Visibility.CLEAR for e in run)
 
 
-def protocol_threshold(protocol: str, *, participants: int, options: Mapping[str, Any] | None = None,
-                       session: Any = None, keyholders: KeyHolders | None = None) -> int:
-    """Fewest clients who, with the server, can read one client's input to one run.
-
-    ``plain`` and clear uploads: 0. Paillier/CKKS: 0 if the server holds the key, else 1
-    (any client holding the key). Masking/SecAgg+: the Shamir threshold ``t`` of a run
-    with ``participants`` inputs (the session's :meth:`parameters` when given, else the
-    protocol's parameter rules applied to ``options``).
-    """
-    if protocol in ("plain", CLEAR_PROTOCOL):
+def run_threshold(d: ProtocolDescriptor, request: SumRequest | None, *, server_decrypts: bool,
+                  participants: int = 0, options: Mapping[str, Any] | None = None) -> int | None:
+    """Fewest clients who, with the server, read one client's input to a run: the protocol
+    reader's figure from the run's request (0 in the clear; masking's Shamir ``t`` from the
+    run's parameters) — or, without the request, from the protocol's ``options`` for
+    ``participants`` — else 0 when the server decrypted the run itself and 1 (one key holder)
+    otherwise."""
+    reader = d.message_reader()
+    threshold = reader.threshold(request) if request is not None else reader.threshold_for(
+        participants, d.options(**dict(options or {})))
+    if threshold is not None:
+        return int(threshold)
+    if d.family == "clear":
         return 0
-    if protocol in HE_PROTOCOLS:
-        if keyholders is not None and keyholders.mode == "server":
-            return 0
-        if (options or {}).get("keyholder") == "server":
-            return 0
-        return 1
-    if protocol in MASKING_PROTOCOLS:
-        if participants <= 1:
-            return 0
-        if session is not None and hasattr(session, "parameters"):
-            return int(session.parameters(participants).threshold)
-        from protocols import masking
-
-        opts = masking.MaskingOptions(**dict(options or {}))
-        params = (masking.sparse_parameters(participants, opts) if protocol == masking.SECAGG_PLUS
-                  else masking.complete_parameters(participants, opts))
-        return int(params.threshold)
-    raise ValueError(f"no collusion model for protocol {protocol!r}")
+    if d.keyed:
+        return 0 if server_decrypts else 1
+    return None
 
 
 # --- participation and structural recoverability ------------------------------------------------
@@ -442,12 +310,11 @@ class Ledger:
         return flags
 
 
-def _rows_for_entry(e: TranscriptEntry, *, agents: frozenset[int], server_decrypts: bool,
-                    contributors: tuple[int, ...]) -> ExposureRow:
+def _rows_for_entry(e: TranscriptEntry, *, agents: frozenset[int], contributors: tuple[int, ...]) -> ExposureRow:
     receiver = party_name(e.receiver)
     role = "server" if e.receiver == SERVER else ("agent" if e.receiver in agents else "client")
     vis = e.visibility
-    owner = _name(e.owner)
+    owner = party_label(e.owner)
     note = ""
     k = e.k
     if vis == Visibility.CLEAR:
@@ -456,11 +323,7 @@ def _rows_for_entry(e: TranscriptEntry, *, agents: frozenset[int], server_decryp
     elif vis == Visibility.AGGREGATE:
         kind, readable = AGGREGATE, True
     elif vis == Visibility.CIPHERTEXT:
-        if server_decrypts and e.receiver == SERVER:
-            kind, readable, note = CLEAR, True, "ciphertext under a key the receiver holds"
-            k = 1
-        else:
-            kind, readable = CIPHERTEXT, False
+        kind, readable = CIPHERTEXT, False
     elif vis == Visibility.MASKED:
         kind, readable = MASKED, False
     elif vis == Visibility.SEALED:
@@ -476,86 +339,90 @@ def _rows_for_entry(e: TranscriptEntry, *, agents: frozenset[int], server_decryp
     )
 
 
-def build_ledger(
-    transcript: Transcript | Iterable[TranscriptEntry],
-    *,
-    clients: Sequence[int] | None = None,
-    protocol_options: Mapping[str, Mapping[str, Any]] | None = None,
-    sessions: Mapping[str, Any] | None = None,
-) -> Ledger:
-    """The exposure ledger of one run's transcript.
+def _requests(messages: Iterable[Tapped | TranscriptEntry], clients: Sequence[int]) -> dict[str, SumRequest]:
+    """Each run's request, parsed from its ``open`` (every open of a run carries the same one)."""
+    out: dict[str, SumRequest] = {}
+    for m in messages:
+        env = getattr(m, "envelope", None)
+        if env is not None and env.stage == OPEN and env.run_id.hex() not in out:
+            out[env.run_id.hex()] = SumRequest.from_bytes(env.payload, clients=clients)
+    return out
 
-    ``clients`` are all client ids of the run (default: every client in the transcript);
-    ``protocol_options`` the run's per-protocol options (``{"masking": {"threshold": 3}}``),
-    used where the transcript does not show them (the masking threshold; a server key holder
-    when a Paillier run has no uploads); ``sessions`` the run's protocol sessions by name, if
-    at hand (their own ``parameters`` then give masking thresholds).
 
-    Key holders are read per protocol run, so a run may hold several sessions of one
-    protocol (e.g. Dubhe's own Paillier session beside the one summing the statistics).
+def build_ledger(messages: Transcript | Iterable[Tapped | TranscriptEntry], *, clients: Sequence[int] | None = None,
+                 protocol_options: Mapping[str, Mapping[str, Any]] | None = None) -> Ledger:
+    """The exposure ledger of one run: its tapped messages (:mod:`secure_fl.audit.tap`) or, with
+    less to go on, its transcript.
+
+    ``clients`` are all client ids of the run (default: every client that sent or received).
+    Every fact about a protocol comes from its descriptor and the run's own ``open``: which
+    stages carry a client's input, who holds a key (the set-up's key and sealed-key stages),
+    whether the server reads the sum, the run's collusion threshold (:func:`run_threshold`; from
+    ``protocol_options`` when a transcript has no bytes to read the ``open`` from). Key holders
+    are read per protocol run, so a run may hold several sessions of one protocol (e.g. a
+    selection's own Paillier session beside the one summing the statistics). Messages outside
+    any protocol (the runtime's model and broadcasts) are public rows.
     """
-    entries = list(transcript)
+    items = list(messages)
+    entries: list[TranscriptEntry] = [m if isinstance(m, TranscriptEntry) else m.entry for m in items]
+    seen = {p for e in entries for p in (e.sender, e.receiver) if p != SERVER}
+    all_clients = tuple(sorted(set(clients) if clients is not None else seen))
+    requests = _requests(items, all_clients)
     options = {k: dict(v) for k, v in (protocol_options or {}).items()}
-    sessions = dict(sessions or {})
-    seen_clients = {p for e in entries for p in (e.sender, e.receiver) if p != SERVER}
-    all_clients = tuple(sorted(set(clients) if clients is not None else seen_clients))
-
-    # Group messages into protocol runs; clear uploads have no run id: one run per (statistic, round).
     groups: dict[str, list[TranscriptEntry]] = defaultdict(list)
     for e in entries:
-        groups[e.run_id or f"{e.statistic}@{e.round}"].append(e)
+        groups[e.run_id or f"{e.protocol}:{e.statistic}@{e.round}"].append(e)
 
     keyholders: dict[str, KeyHolders] = {}
     for es in groups.values():
-        protocol = es[0].protocol
-        if protocol in KEY_PUBLISH_STAGES and any(e.stage == KEY_PUBLISH_STAGES[protocol] for e in es):
-            setup_name = next((e.statistic for e in es if e.stage == KEY_PUBLISH_STAGES[protocol]), "setup")
-            name = protocol if setup_name == "setup" else f"{protocol} ({setup_name})"
-            while name in keyholders:
-                name += "'"
-            keyholders[name] = _setup_key_holders(protocol, es)
+        d = DESCRIPTORS.get(es[0].protocol)
+        if d is None or d.key_stage is None or not any(e.stage == d.key_stage for e in es):
+            continue
+        setup_name = next(e.statistic for e in es if e.stage == d.key_stage)
+        name = d.name if setup_name == "setup" else f"{d.name} ({setup_name})"
+        while name in keyholders:
+            name += "'"
+        keyholders[name] = _setup_key_holders(d.name, es)
     agents = frozenset(kh.agent for kh in keyholders.values() if kh.agent is not None)
 
     rows: list[ExposureRow] = []
     runs: list[RunInfo] = []
     thresholds: dict[str, int] = {}
-    for es in groups.values():
+    for run_id, es in groups.items():
         first = es[0]
-        protocol = first.protocol
-        contrib = tuple(sorted({e.sender for e in es if e.stage in UPLOAD_STAGES and e.sender != SERVER
+        d = DESCRIPTORS.get(first.protocol)
+        if d is None:  # not a protocol run: the runtime's messages
+            rows.extend(_rows_for_entry(e, agents=agents, contributors=()) for e in es)
+            continue
+        contrib = tuple(sorted({e.sender for e in es if e.stage in d.input_stages and e.sender != SERVER
                                 and e.visibility in (Visibility.CLEAR, Visibility.CIPHERTEXT, Visibility.MASKED)}))
-        server_decrypts = protocol in HE_PROTOCOLS and _server_decrypts(protocol, es, options.get(protocol, {}))
-        for e in es:
-            rows.append(_rows_for_entry(e, agents=agents, server_decrypts=server_decrypts, contributors=contrib))
+        rows.extend(_rows_for_entry(e, agents=agents, contributors=contrib) for e in es)
         if not contrib:
             continue  # key set-up, argmin bookkeeping and other runs without summed client inputs
         for e in es:  # the senders' own values
-            if e.stage in UPLOAD_STAGES and e.sender in contrib and e.owner == e.sender:
+            if e.stage in d.input_stages and e.sender in contrib and e.owner == e.sender:
                 rows.append(ExposureRow(
                     party=party_name(e.sender), role="agent" if e.sender in agents else "client", round=e.round,
-                    protocol=protocol, statistic=e.statistic, stage="input", kind=OWN, k=1, k_effective=0,
+                    protocol=d.name, statistic=e.statistic, stage="input", kind=OWN, k=1, k_effective=0,
                     dimension=e.dimension, bytes=0, owner=party_name(e.sender), readable=True,
                     run_id=e.run_id,
                 ))
+        server_decrypts = _server_decrypts(d, es)
         learners = {e.receiver for e in es if e.visibility == Visibility.AGGREGATE}
-        if (protocol in SERVER_SUMS or server_decrypts) and SERVER not in learners:
+        if server_decrypts and SERVER not in learners:
             learners.add(SERVER)
             rows.append(ExposureRow(
-                party="server", role="server", round=first.round, protocol=protocol, statistic=first.statistic,
+                party="server", role="server", round=first.round, protocol=d.name, statistic=first.statistic,
                 stage="computed", kind=AGGREGATE, k=len(contrib), k_effective=len(contrib),
                 dimension=max(e.dimension for e in es), bytes=0, owner=None, readable=True,
                 run_id=first.run_id, note="sum computed by the server from the uploads",
             ))
-        threshold: int | None = None
-        if protocol in HE_PROTOCOLS:
-            threshold = 0 if server_decrypts else 1
-        elif protocol in MASKING_PROTOCOLS or protocol in ("plain", CLEAR_PROTOCOL):
-            threshold = protocol_threshold(protocol, participants=len(contrib), options=options.get(protocol),
-                                           session=sessions.get(protocol))
+        threshold = run_threshold(d, requests.get(run_id), server_decrypts=server_decrypts,
+                                  participants=len(contrib), options=options.get(d.name))
         if threshold is not None:
-            thresholds[protocol] = min(thresholds.get(protocol, threshold), threshold)
+            thresholds[d.name] = min(thresholds.get(d.name, threshold), threshold)
         runs.append(RunInfo(
-            protocol=protocol, statistic=first.statistic, round=first.round, run_id=first.run_id,
+            protocol=d.name, statistic=first.statistic, round=first.round, run_id=first.run_id,
             contributors=contrib, learners=tuple(sorted(learners)), threshold=threshold,
         ))
     runs.sort(key=lambda r: (r.statistic, r.round, r.run_id))

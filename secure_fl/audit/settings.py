@@ -12,12 +12,8 @@ from typing import Any
 __all__ = [
     "DEFAULT_METHODS",
     "DEFAULT_PROTOCOLS",
-    "LABEL_STATISTIC_HINTS",
     "METHOD_LOSS",
-    "MODEL_UPDATE",
-    "SAMPLE_COUNT_STATISTICS",
     "SELECTION_METHODS",
-    "TOTAL_SAMPLES",
     "AuditSettings",
 ]
 
@@ -26,20 +22,21 @@ DEFAULT_PROTOCOLS = ("plain", "paillier", "ckks", "masking")
 
 SELECTION_METHODS = {"dubhe": ("fedavg", "dubhe")}
 """Audit "methods" that are a selection strategy on top of a federated method."""
-
-TOTAL_SAMPLES = "total_samples"
-SAMPLE_COUNT_STATISTICS = (TOTAL_SAMPLES, "ratio_monitor_total")
-"""Per-round sums of |D_i| (FedAvg's weighted-mean denominator; Ratio Loss's monitor total)."""
-MODEL_UPDATE = "model_update"
 METHOD_LOSS = {"ratio_loss": "ratio"}
 """Methods that need a particular loss (Ratio Loss applies its class weights through loss 'ratio')."""
-LABEL_STATISTIC_HINTS = ("label", "class_count", "histogram", "counts")
-"""Statistic names taken to carry a client's label counts (also detected from the inputs)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class AuditSettings:
-    """The demo-sized run every cell uses (same data, partition, model and seed in every cell)."""
+    """The demo-sized run every cell uses (same data, partition, model and seed in every cell).
+
+    Protocol options: ``key_bits``, ``keyholder`` and ``masking_threshold`` go to every protocol
+    whose options have a field of that name (``key_bits`` → ``key_bits`` and, below 2048,
+    ``allow_weak_keys``; ``masking_threshold`` → ``threshold``); ``protocol_options`` adds or
+    overrides options per protocol. ``clients_only_options`` are applied, per protocol, when a
+    statistic that only clients may learn goes through a protocol whose sums the server does not
+    learn by construction (HE: the clients must hold the key).
+    """
 
     dataset: str = "digits"
     num_clients: int = 8
@@ -57,6 +54,9 @@ class AuditSettings:
     key_bits: int = 2048
     keyholder: str = "agent"
     masking_threshold: int | float | None = None
+    protocol_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    clients_only_options: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: {"paillier": {"keyholder": "all"}, "ckks": {"keyholder": "all"}})
     update_frac_bits: int = 16
     update_clip: float = 1.0
     train_samples: int | None = 1200
@@ -68,11 +68,23 @@ class AuditSettings:
     """The runs' ``[privacy]`` table (DP-SGD, distributed DP per statistic); empty: no DP."""
     torch_threads: int = 1
 
+    def options_for(self, protocol: str, *, clients_only: bool = False) -> dict[str, Any]:
+        """The keyword options of ``protocol`` in a cell (see the class docstring)."""
+        from protocols import descriptor
+
+        common = {"key_bits": self.key_bits, "allow_weak_keys": self.key_bits < 2048, "keyholder": self.keyholder,
+                  "threshold": self.masking_threshold}
+        options = descriptor(protocol).applicable(**{k: v for k, v in common.items() if v is not None})
+        options.update(self.protocol_options.get(protocol, {}))
+        if clients_only:
+            options.update(self.clients_only_options.get(protocol, {}))
+        return options
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["partition_params"] = dict(self.partition_params)
-        data["method_params"] = {k: dict(v) for k, v in self.method_params.items()}
-        data["selection_params"] = {k: dict(v) for k, v in self.selection_params.items()}
-        data["privacy"] = dict(self.privacy)
+        for name in ("partition_params", "privacy"):
+            data[name] = dict(getattr(self, name))
+        for name in ("method_params", "selection_params", "protocol_options", "clients_only_options"):
+            data[name] = {k: dict(v) for k, v in getattr(self, name).items()}
         data["hidden"] = list(self.hidden)
         return data
