@@ -37,6 +37,13 @@ from secure_fl.algorithms.climb import Climb, ClimbParams  # noqa: F401  (regist
 from secure_fl.algorithms.fedavg import FedAvg, FedAvgParams
 from secure_fl.algorithms.fedprox import FedProx, FedProxParams
 from secure_fl.algorithms.fedshift import FedShift, FedShiftParams  # noqa: F401  (registers 'fedshift')
+from secure_fl.algorithms.ratio_loss import RatioLossMethod, RatioLossParams  # noqa: F401
+from secure_fl.algorithms.reweighting import (
+    Reweighting,
+    ReweightingParams,
+    inverse_frequency_weights,
+)
+from secure_fl.algorithms.scaffold import Scaffold, ScaffoldParams
 from secure_fl.training import (
     ClientData,
     FlatLayout,
@@ -45,13 +52,6 @@ from secure_fl.training import (
     LocalTrainer,
     LocalTraining,
 )
-from secure_fl.algorithms.ratio_loss import RatioLossMethod, RatioLossParams  # noqa: F401
-from secure_fl.algorithms.reweighting import (
-    Reweighting,
-    ReweightingParams,
-    inverse_frequency_weights,
-)
-from secure_fl.algorithms.scaffold import Scaffold, ScaffoldParams
 
 __all__ = [
     "ALGORITHMS",

@@ -53,14 +53,6 @@ import numpy.typing as npt
 import torch
 
 from protocols import PolicyError
-from secure_fl.training import (
-    ClientData,
-    FlatLayout,
-    LocalObjective,
-    LocalResult,
-    LocalTrainer,
-    LocalTraining,
-)
 from secure_fl.stats import (
     MODEL_UPDATE,
     TOTAL_SAMPLES,
@@ -68,6 +60,14 @@ from secure_fl.stats import (
     Release,
     StatisticDeclaration,
     UpdateSettings,
+)
+from secure_fl.training import (
+    ClientData,
+    FlatLayout,
+    LocalObjective,
+    LocalResult,
+    LocalTrainer,
+    LocalTraining,
 )
 
 if TYPE_CHECKING:

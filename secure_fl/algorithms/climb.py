@@ -59,7 +59,7 @@ it; before the first dual step every λ_i is the public initial 0, so λ̄ = 0 w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 

@@ -44,15 +44,15 @@ from secure_fl.algorithms.base import (
     register_algorithm,
 )
 from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from secure_fl.training import LocalObjective
 from secure_fl.stats import Learned, StatisticDeclaration
+from secure_fl.training import LocalObjective
 
 __all__ = [
     "PRIOR_STATISTIC",
     "FedShift",
     "FedShiftClient",
-    "FedShiftServer",
     "FedShiftParams",
+    "FedShiftServer",
     "classifier_shift",
     "global_prior",
     "label_histogram_declaration",

@@ -27,8 +27,8 @@ from secure_fl.algorithms.base import (
     register_algorithm,
 )
 from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from secure_fl.training import LocalObjective
 from secure_fl.stats import MODEL_UPDATE
+from secure_fl.training import LocalObjective
 
 __all__ = ["CONTROL", "CONTROL_UPDATE", "Scaffold", "ScaffoldClient", "ScaffoldParams", "ScaffoldServer"]
 
