@@ -365,6 +365,12 @@ class ClientMethod(ABC):
     def train(self, ctx: ClientContext) -> LocalUpdate:
         """Train locally from the broadcast model."""
 
+    def local_objective(self, ctx: ClientContext) -> LocalObjective:
+        """How this half changes plain local training for this client this round (class weights,
+        a logit shift, a gradient correction). Public code: the leakage audit's attacker asks it
+        too, for a client with hypothesised counts."""
+        return LocalObjective()
+
     def contribution(self, name: str, ctx: ContributionContext) -> Vector:
         source = self.sources.get(name)
         if source is None:

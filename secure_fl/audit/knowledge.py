@@ -220,14 +220,11 @@ class MethodModel:
     def objective(self, counts: npt.ArrayLike, *, round: int, start: torch.Tensor, learned: Sequence[Learned],
                   broadcast: Mapping[str, npt.ArrayLike]) -> LocalObjective:
         """The objective a client holding ``counts`` trains with in ``round`` (plain training when
-        the half has no ``local_objective`` or cannot answer for this client)."""
-        local_objective = getattr(self.half, "local_objective", None)
-        if local_objective is None:
-            return LocalObjective()
+        the half cannot answer for this client)."""
         state = self.state_after(learned, client=0, counts=counts)
         try:
-            result: LocalObjective = local_objective(self._context(self.data(counts), round=round, start=start,
-                                                                    state=state, broadcast=broadcast))
+            result = self.half.local_objective(self._context(self.data(counts), round=round, start=start,
+                                                             state=state, broadcast=broadcast))
         except Exception:  # noqa: BLE001 -- fall back to the plain objective
             return LocalObjective()
         return result
