@@ -23,6 +23,7 @@ from .paillier_common import (
     PROTOCOL,
     ClientKeys,
     Stage,
+    encrypted_upload,
     read_ciphertexts,
     read_digest,
     request_digest,
@@ -90,11 +91,8 @@ class StoreClient(Party):
         self.done = True  # nothing comes back: the endpoint may forget the run at once
         if self.encoded is None:
             return []
-        key = self.keys.public_key
         with self.timed("upload"):
-            plaintexts = self.layout.pack(self.encoded)
-            ciphertexts = [raw.encrypt_with(key, m, self.keys.pool.take()) for m in plaintexts]
-            payload = write_ciphertexts(Writer().raw(self.digest), key, ciphertexts).finish()
+            payload = encrypted_upload(self.keys, self.layout, self.encoded, self.digest)
         env = Envelope(PROTOCOL, Stage.TRY_UPLOAD, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(env, Exposure.ciphertext(self.length, self.party_id))]
 

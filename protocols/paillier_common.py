@@ -17,7 +17,10 @@ from functools import cache
 from typing import Any, Final, Literal
 
 import gmpy2
+import numpy as np
+import numpy.typing as npt
 
+from .encoding import PackingLayout
 from .errors import ForeignKeyError, WireError
 from .primitives import paillier as raw
 from .primitives.channel import PUBLIC_KEY_BYTES, ChannelKey
@@ -210,6 +213,15 @@ def write_ciphertexts(writer: Writer, key: raw.PublicKey, ciphertexts: Sequence[
     for c in ciphertexts:
         writer.uint(int(c), width)
     return writer
+
+
+def encrypted_upload(keys: ClientKeys, layout: PackingLayout, encoded: npt.NDArray[np.uint64], digest: bytes) -> bytes:
+    """A client's upload of its encoded vector: the request digest, then one ciphertext per packed
+    plaintext, each obfuscated with the next r^n from the client's own pool."""
+    key = keys.public_key
+    plaintexts = layout.pack(encoded)
+    ciphertexts = [raw.encrypt_with(key, m, keys.pool.take()) for m in plaintexts]
+    return write_ciphertexts(Writer().raw(digest), key, ciphertexts).finish()
 
 
 def read_ciphertexts(reader: Reader, key: raw.PublicKey, expected: int, *, unit_check: bool = True) -> list[Any]:

@@ -27,6 +27,7 @@ from .paillier_common import (
     ClientKeys,
     Keyholder,
     Stage,
+    encrypted_upload,
     read_ciphertexts,
     read_digest,
     request_digest,
@@ -76,11 +77,8 @@ class PaillierClient(Party):
     def start(self) -> list[Outgoing]:
         if self.encoded is None:
             return []
-        key = self.keys.public_key
         with self.timed("upload"):
-            plaintexts = self.layout.pack(self.encoded)
-            ciphertexts = [raw.encrypt_with(key, m, self.keys.pool.take()) for m in plaintexts]
-            payload = write_ciphertexts(Writer().raw(self.digest), key, ciphertexts).finish()
+            payload = encrypted_upload(self.keys, self.layout, self.encoded, self.digest)
         env = Envelope(PROTOCOL, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
         # Under keyholder="server" the server decrypts what it receives: the transcript says so.
         exposure = (Exposure.clear(self.party_id, self.spec.length) if self.server_holds_key
