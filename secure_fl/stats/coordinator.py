@@ -8,7 +8,7 @@ the run's privacy ledger. It never sees a client's input: it sends each cohort m
 reads what the protocol lets the server read.
 
 Once-per-run statistics (``per_round = False``) are released once: asked again for the same
-round — a resumed run's set-up — the coordinator answers from its checkpointed release, and
+round and cohort — a resumed run's set-up — the coordinator answers from its checkpointed release, and
 the clients answer from theirs, so nothing is summed (or noised, or charged) twice.
 """
 
@@ -52,7 +52,7 @@ class StatsCoordinator:
 
             self.ledger = PrivacyLedger()
         self._accounting: dict[str, NoisySum] = {}
-        self._once: dict[tuple[str, int], Release] = {}
+        self._once: dict[tuple[str, int, tuple[int, ...]], Release] = {}
 
     @property
     def transcript(self) -> Transcript:
@@ -112,8 +112,9 @@ class StatsCoordinator:
         unknown = set(members) - set(self.clients)
         if unknown:
             raise ValueError(f"statistic {declaration.name!r}: clients {sorted(unknown)} are not in this run")
-        if not declaration.per_round and (declaration.name, round) in self._once:
-            return self._once[(declaration.name, round)]
+        once = (declaration.name, round, members)
+        if not declaration.per_round and once in self._once:
+            return self._once[once]
         layout = self.layouts(declaration, len(members), protocol)
         session = self.session(layout.protocol, tag)
         session.check(spec=layout.spec, reveal=declaration.reveal)
@@ -155,7 +156,7 @@ class StatsCoordinator:
         )
         self.records.append(release)
         if not declaration.per_round:
-            self._once[(declaration.name, round)] = release
+            self._once[once] = release
         return release
 
     # --- distributed DP ------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class StatsCoordinator:
         """Plain data for the server's checkpoint: the ledger and the once-per-run releases."""
         return {
             "ledger": None if self.ledger is None else self.ledger.to_dict(),
-            "once": [_release_state(r) for r in self._once.values()],
+            "once": [{**_release_state(r), "cohort": list(key[2])} for key, r in self._once.items()],
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -213,7 +214,7 @@ class StatsCoordinator:
         self._once = {}
         for item in state.get("once", []):
             release = _release_from_state(item)
-            self._once[(release.name, release.round)] = release
+            self._once[(release.name, release.round, tuple(int(c) for c in item["cohort"]))] = release
 
 
 def _release_state(release: Release) -> dict[str, Any]:
