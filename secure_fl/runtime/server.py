@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from protocols import Message, Network, Replies, Transcript
+from protocols import AbortedError, Message, Network, Replies, Transcript
 from secure_fl.algorithms import (
     HeldOut,
     LocalTrainer,
@@ -81,6 +81,10 @@ class Mailbox(Network):
         """Send what is queued now (when no protocol exchange will carry it)."""
         if self._queued:
             self.exchange({})
+
+    def discard(self) -> None:
+        """Forget what is queued (a round being abandoned)."""
+        self._queued.clear()
 
 
 def _reason(data: bytes) -> str:
@@ -198,8 +202,12 @@ class ServerLoop:
         ctx = self._round(r, cohort, metrics)
         refused_before = len(self.mailbox.refusals)
         self._send_training(r, cohort, self.method.broadcast(ctx))
-        new_global = self.method.aggregate(ctx)
-        self.mailbox.flush()
+        try:
+            new_global = self.method.aggregate(ctx)
+            self.mailbox.flush()
+        except AbortedError:
+            self._abort(r, cohort)
+            raise
         if new_global.shape != self.global_vector.shape:
             raise RuntimeError(f"{type(self.method).__name__}.aggregate returned shape {tuple(new_global.shape)}")
         self.global_vector = new_global.detach().to(torch.float32)
@@ -214,6 +222,15 @@ class ServerLoop:
         return RoundOutcome(round=r, selected=cohort, releases=tuple(after.releases), clipped=clipped,
                             seconds=time.perf_counter() - start, metrics=reported,
                             refusals=tuple(self.mailbox.refusals[refused_before:]))
+
+    def _abort(self, r: int, cohort: tuple[int, ...]) -> None:
+        """A protocol run of the round could not finish: tell the cohort to drop what it holds of
+        the round (its update, the broadcasts), so nothing of it is contributed later."""
+        self.mailbox.discard()
+        message = RuntimeMessage(kind=Kind.ABORT, round=r, digest=self.digest).message(statistic="abort")
+        for pid in cohort:
+            self.mailbox.queue(pid, message)
+        self.mailbox.flush()
 
     def evaluate(self) -> dict[str, Any]:
         """Accuracy, per-class and minority accuracy, AUC and test loss of the global model
