@@ -15,8 +15,9 @@ Prints one JSON object ``{"case", "ours", "peer", "ratio", "unit", "detail"}`` w
     The same client work with Flower's SecAgg+ primitives (P-384 ECDH from serialised keys,
     masks from ``pseudo_rand_gen``, int64 arithmetic); skipped when ``flwr`` is not installed.
 ``ckks-bytes``
-    Bytes of one client's CKKS upload (d = 1e6, N = 8192) vs ceil(d / slots) x one TenSEAL
-    ciphertext serialised the usual way (``CKKSVector.serialize()``).
+    Bytes of one client's public-key CKKS upload (d = 1e6, parameters derived from the sum, or
+    ``--ring N``) vs ceil(d / slots) x one TenSEAL ciphertext under the same parameters,
+    serialised the usual way (``CKKSVector.serialize()``, one real per slot).
 ``simulation``
     One FedAvg round vs one centralised epoch (runs bench/simulation.py).
 
@@ -201,29 +202,36 @@ def ckks_bytes(args: argparse.Namespace) -> dict[str, Any]:
 
     length = args.length or 1_000_000
     clients = 2
-    session = make_sum("ckks", clients=[0, 1], poly_modulus_degree=args.ring)
-    session.setup()  # the key set-up run (context and keys), untimed
-    options = session.options
     spec = h.spec_for(clients, length)
+    session = make_sum("ckks", clients=[0, 1], **({"poly_modulus_degree": args.ring} if args.ring else {}))
+    session.server.check(spec=spec, reveal=h.REVEAL)
+    session.setup()  # the key set-up run (context and keys) for the sum's parameter set, untimed
+    params = session.server.parameters(spec)
+    agent = session.server.agent
     run = h.Run(session, spec, h.encoded_inputs(spec, clients), run_id=os.urandom(16))
-    while run.next_event is not None and not (run.next_event.party == SERVER and run.next_event.kind == "receive"):
-        run.step()  # the server's open, the clients' joins and uploads
+    while run.next_event is not None and not (
+            run.next_event.party == SERVER and run.next_event.kind == "receive"
+            and run.next_event.message is not None and run.next_event.message.envelope.sender != agent):
+        run.step()  # the server's open, the clients' joins and uploads, up to a public-key upload
     event = run.next_event
     assert event is not None and event.message is not None and event.stage == "upload"
     ours = len(event.message.envelope.to_bytes())  # as the network carries and counts it
 
-    context = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=options.poly_modulus_degree,
-                         coeff_mod_bit_sizes=list(options.coeff_mod_bit_sizes))
-    context.global_scale = 2.0**options.scale_bits
-    slots = options.poly_modulus_degree // 2
+    context = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
+                         coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
+    context.global_scale = 2.0**params.scale_bits
+    slots = params.poly_modulus_degree // 2
     values = h.encoded_inputs(spec, 1)[0][:slots].astype(np.float64)  # the same encoded inputs
     one = len(ts.ckks_vector(context, values).serialize())
     chunks = math.ceil(length / slots)
     return result("ckks-bytes", float(ours), float(chunks * one), "bytes",
-                  length=length, ring=options.poly_modulus_degree, slots=slots, ciphertexts=chunks,
+                  length=length, ring=params.poly_modulus_degree, coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+                  scale_bits=params.scale_bits, slots=slots, ciphertexts=math.ceil(length / params.values_per_ciphertext),
                   one_ciphertext_bytes=one,
-                  ours_is="one client's CKKS upload envelope (protocols.ckks), as the network counts it",
-                  peer_is="ceil(d / slots) x TenSEAL CKKSVector.serialize() of one full ciphertext")
+                  ours_is="one client's public-key CKKS upload envelope (protocols.ckks: two entries per complex "
+                          "slot, SEAL's own serialisation), as the network counts it",
+                  peer_is="ceil(d / slots) x TenSEAL CKKSVector.serialize() of one full ciphertext (one real per "
+                          "slot) under the same parameters")
 
 
 # --- simulation -------------------------------------------------------------------------------
@@ -262,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="vector length (56 for paillier-registry, 1e6 otherwise)")
     parser.add_argument("--key-bits", type=int, default=2048, help="paillier-registry: modulus bits")
     parser.add_argument("--neighbours", type=int, default=100, help="masking-*: neighbours per client")
-    parser.add_argument("--ring", type=int, default=8192, help="ckks-bytes: polynomial modulus degree")
+    parser.add_argument("--ring", type=int, default=None,
+                        help="ckks-bytes: fix the polynomial modulus degree (default: derived from the sum)")
     parser.add_argument("--sample", type=int, default=5, help="timed repetitions / clients")
     args, rest = parser.parse_known_args(argv)
     if rest and args.case != "simulation":

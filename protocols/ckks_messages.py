@@ -1,294 +1,32 @@
-"""CKKS payloads, each written by one function and read back strictly by its mirror.
-
-Every reader refuses short, long or out-of-range input with a
-:class:`~protocols.errors.WireError` (or a more precise :class:`~protocols.errors.ProtocolError`)
-before its caller changes any state. Payloads that carry ciphertexts or a released sum end
-with a 16-byte checksum: it catches corruption in transit (a bit flip in a zstd-compressed
-ciphertext still loads as a valid, wrong ciphertext half the time), it is not authentication —
-authenticity is the transport's job.
-"""
+"""CKKS payloads: those of every SEAL-based sum (:mod:`protocols.seal_messages`), under the
+protocol name ``ckks``; CKKS's own parameters are :class:`~protocols.primitives.ckks.CkksParameters`."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import hmac
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import IntEnum
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
+from .seal_messages import (
+    CHECKSUM_BYTES,
+    KEYHOLDERS,
+    MAX_CONTEXT,
+    SetupParams,
+    Stage,
+    SumParams,
+    read_aggregate,
+    read_context,
+    read_result,
+    read_upload,
+    request_digest,
+    write_aggregate,
+    write_context,
+    write_result,
+    write_upload,
+)
 
-from .encoding import VectorSpec
-from .errors import ForeignKeyError, PolicyError, WireError
-from .messages import ReleasedSum, read_contributors, write_contributors
-from .primitives import ckks as raw
-from .primitives.channel import PUBLIC_KEY_BYTES
-from .session import SumRequest
-from .wire import PartyId, Reader, Writer
+__all__ = [
+    "CHECKSUM_BYTES", "KEYHOLDERS", "MAX_CONTEXT", "PROTOCOL", "SetupParams", "Stage", "SumParams", "read_aggregate",
+    "read_context", "read_result", "read_upload", "request_digest", "write_aggregate", "write_context",
+    "write_result", "write_upload",
+]
 
 PROTOCOL: Final = "ckks"
-CHECKSUM_BYTES: Final = 16
-MAX_CONTEXT: Final = 1 << 26
-"""Bytes a public context or secret key may take (N = 32768 with 881-bit moduli needs ~15 MB)."""
-MAX_SEALED: Final = MAX_CONTEXT + 64
-KEYHOLDERS: Final = ("agent", "all")
-
-
-class Stage(IntEnum):
-    """Set-up stages (1-5), then those of a sum (6-8)."""
-
-    CONTEXT = 1
-    ADVERTISE = 2
-    CHANNEL_KEYS = 3
-    SEALED_KEY = 4
-    CONFIRM = 5
-    UPLOAD = 6
-    AGGREGATE = 7
-    RESULT = 8
-
-
-# --- checksums and ciphertext bundles -------------------------------------------------------
-
-def _checksum(body: bytes | memoryview) -> bytes:
-    digest = hashlib.sha256(b"secure-fl/ckks-payload\x00")
-    digest.update(body)
-    return digest.digest()[:CHECKSUM_BYTES]
-
-
-def verified(payload: bytes, start: int = 0) -> bytes:
-    """The payload without its checksum, which must match (bytes from ``start`` on are covered)."""
-    if len(payload) < start + CHECKSUM_BYTES:
-        raise WireError("payload truncated: no checksum")
-    view = memoryview(payload)
-    if not hmac.compare_digest(_checksum(view[start:-CHECKSUM_BYTES]), payload[-CHECKSUM_BYTES:]):
-        raise WireError("ciphertext payload failed its checksum (corrupted in transit)")
-    return payload[:-CHECKSUM_BYTES]
-
-
-def _write_ciphertexts(writer: Writer, context: raw.PublicContext, streams: list[bytes]) -> bytes:
-    """Fingerprint, count, SEAL streams, then the checksum over all that ``writer`` holds."""
-    writer.raw(context.fingerprint).u32(len(streams))
-    for stream in streams:
-        writer.blob(stream)
-    body = writer.finish()
-    return body + _checksum(body)
-
-
-def read_ciphertexts(reader: Reader, context: raw.PublicContext, expected: int) -> list[bytes]:
-    """Fingerprint, then count, then the SEAL streams (size-capped; framing is checked on load)."""
-    raw.check_fingerprint(context.fingerprint, reader.raw(raw.FINGERPRINT_BYTES))
-    count = reader.u32()
-    if count != expected:
-        raise WireError(f"expected {expected} ciphertexts, got {count}")
-    return [reader.blob(max_len=context.layout.max_stream) for _ in range(count)]
-
-
-def write_upload(context: raw.PublicContext, streams: list[bytes]) -> bytes:
-    return _write_ciphertexts(Writer(), context, streams)
-
-
-def read_upload(payload: bytes, context: raw.PublicContext, expected: int) -> list[bytes]:
-    reader = Reader(verified(payload))
-    streams = read_ciphertexts(reader, context, expected)
-    reader.end()
-    return streams
-
-
-def write_aggregate(context: raw.PublicContext, contributors: tuple[PartyId, ...], clients: Sequence[PartyId],
-                    streams: list[bytes]) -> bytes:
-    """The aggregate's body; :func:`aggregate_for` prefixes each receiver's release flag."""
-    return _write_ciphertexts(write_contributors(Writer(), contributors, clients), context, streams)
-
-
-def aggregate_for(body: bytes, *, release: bool) -> bytes:
-    """The flag sits outside the checksum so one body serves every receiver (no rehash each)."""
-    return bytes([release]) + body
-
-
-def read_aggregate(payload: bytes, context: raw.PublicContext, spec: VectorSpec, clients: Sequence[PartyId],
-                   expected: int) -> tuple[bool, tuple[PartyId, ...], list[bytes]]:
-    reader = Reader(verified(payload, start=1))
-    release = reader.u8()
-    if release not in (0, 1):
-        raise WireError("bad release flag")
-    contributors = read_contributors(reader, clients, spec.summands)
-    streams = read_ciphertexts(reader, context, expected)
-    reader.end()
-    return bool(release), contributors, streams
-
-
-def write_result(contributors: tuple[PartyId, ...], encoded_sum: npt.NDArray[np.uint64],
-                 clients: Sequence[PartyId]) -> bytes:
-    body = ReleasedSum(contributors, encoded_sum).to_bytes(parties=clients)
-    return body + _checksum(body)
-
-
-def read_result(payload: bytes, spec: VectorSpec, clients: Sequence[PartyId]) -> ReleasedSum:
-    return ReleasedSum.from_bytes(verified(payload), spec, parties=clients)
-
-
-# --- run parameters (SumRequest.params) ---------------------------------------------------
-
-@dataclass(frozen=True)
-class SetupParams:
-    """A set-up run's public parameters: who generates the keys, the key-holder mode, and the
-    CKKS parameters (a client refuses a set-up for others than its own)."""
-
-    agent: PartyId
-    keyholder: str
-    parameters: raw.CkksParameters
-
-    def to_bytes(self) -> bytes:
-        p = self.parameters
-        writer = Writer().u32(self.agent).u8(KEYHOLDERS.index(self.keyholder)).u32(p.poly_modulus_degree)
-        writer.u8(len(p.coeff_mod_bit_sizes))
-        for bits in p.coeff_mod_bit_sizes:
-            writer.u8(bits)
-        return writer.u8(p.scale_bits).finish()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *, clients: Sequence[PartyId], keyholder: str,
-                   parameters: raw.CkksParameters) -> SetupParams:
-        """Parse, and check against what this client agreed to: its clients, mode and parameters."""
-        reader = Reader(data)
-        agent, mode = reader.u32(), reader.u8()
-        degree, count = reader.u32(), reader.u8()
-        bits = tuple(reader.u8() for _ in range(count))
-        scale_bits = reader.u8()
-        reader.end()
-        if agent not in clients:
-            raise WireError(f"set-up names agent {agent}, not a client of this protocol")
-        if mode >= len(KEYHOLDERS):
-            raise WireError(f"unknown key-holder mode {mode}")
-        if KEYHOLDERS[mode] != keyholder:
-            raise PolicyError(f"set-up asks for keyholder={KEYHOLDERS[mode]!r}, this client agreed to {keyholder!r}")
-        if (degree, bits, scale_bits) != (parameters.poly_modulus_degree, parameters.coeff_mod_bit_sizes,
-                                         parameters.scale_bits):
-            raise ForeignKeyError("set-up asks for other CKKS parameters than this client's")
-        return cls(agent, keyholder, parameters)
-
-
-@dataclass(frozen=True)
-class SumParams:
-    """A sum run's public parameters: the key set it runs under (a client holding another
-    refuses), and a digest of the rest of the request. The ``open`` message has no other
-    integrity check, and a spec altered in transit would make a decryptor decode the right
-    encoded sum into a wrong result."""
-
-    fingerprint: bytes
-    agent: PartyId
-    request_digest: bytes
-
-    def to_bytes(self) -> bytes:
-        return Writer().raw(self.fingerprint).u32(self.agent).raw(self.request_digest).finish()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SumParams:
-        reader = Reader(data)
-        fingerprint, agent = reader.raw(raw.FINGERPRINT_BYTES), reader.u32()
-        digest = reader.raw(CHECKSUM_BYTES)
-        reader.end()
-        return cls(fingerprint, agent, digest)
-
-
-def request_digest(request: SumRequest, clients: Sequence[PartyId]) -> bytes:
-    """Digest of a request's canonical bytes without its params (parsing is strict, so an
-    accepted request re-serialises to the bytes that were sent)."""
-    body = dataclasses.replace(request, params=b"").to_bytes(clients=clients)
-    return hashlib.sha256(b"secure-fl/ckks-request\x00" + body).digest()[:CHECKSUM_BYTES]
-
-
-# --- set-up payloads ------------------------------------------------------------------------
-
-def write_context(public: bytes) -> bytes:
-    """The agent's fingerprint of its public context, then the context (a relay can check both)."""
-    return Writer().raw(raw.fingerprint_of(public)).blob(public).finish()
-
-
-def read_context(payload: bytes) -> bytes:
-    """The context bytes, once their fingerprint matches (they still need loading to be valid)."""
-    reader = Reader(payload)
-    fingerprint = reader.raw(raw.FINGERPRINT_BYTES)
-    public = reader.blob(max_len=MAX_CONTEXT)
-    reader.end()
-    if not hmac.compare_digest(raw.fingerprint_of(public), fingerprint):
-        raise WireError("public context does not match its fingerprint (altered in transit)")
-    return public
-
-
-def read_channel_key(payload: bytes) -> bytes:
-    if len(payload) != PUBLIC_KEY_BYTES:
-        raise WireError(f"a channel key is {PUBLIC_KEY_BYTES} bytes, got {len(payload)}")
-    return payload
-
-
-def write_channel_keys(keys: dict[PartyId, bytes]) -> bytes:
-    writer = Writer().u32(len(keys))
-    for pid in sorted(keys):
-        writer.u32(pid).raw(keys[pid])
-    return writer.finish()
-
-
-def _read_count(reader: Reader, receivers: tuple[PartyId, ...]) -> None:
-    count = reader.u32()
-    if count != len(receivers):
-        raise WireError(f"expected entries for {len(receivers)} clients, got {count}")
-
-
-def read_channel_keys(payload: bytes, receivers: tuple[PartyId, ...]) -> dict[PartyId, bytes]:
-    """Exactly one key per receiver, in ascending order."""
-    reader = Reader(payload)
-    _read_count(reader, receivers)
-    keys: dict[PartyId, bytes] = {}
-    for pid in receivers:
-        if reader.u32() != pid:
-            raise WireError("channel keys are not exactly the other clients', in order")
-        keys[pid] = reader.raw(PUBLIC_KEY_BYTES)
-    reader.end()
-    return keys
-
-
-def write_sealed_keys(agent_channel: bytes, sealed: dict[PartyId, bytes]) -> bytes:
-    writer = Writer().raw(agent_channel).u32(len(sealed))
-    for pid in sorted(sealed):
-        writer.u32(pid).blob(sealed[pid])
-    return writer.finish()
-
-
-def read_sealed_keys(payload: bytes, receivers: tuple[PartyId, ...]) -> tuple[bytes, dict[PartyId, bytes]]:
-    """The agent's channel key and one sealed secret key per receiver, in ascending order."""
-    reader = Reader(payload)
-    agent_channel = reader.raw(PUBLIC_KEY_BYTES)
-    _read_count(reader, receivers)
-    sealed: dict[PartyId, bytes] = {}
-    for pid in receivers:
-        if reader.u32() != pid:
-            raise WireError("sealed keys are not exactly the other clients', in order")
-        sealed[pid] = reader.blob(max_len=MAX_SEALED)
-    reader.end()
-    return agent_channel, sealed
-
-
-def write_relayed_key(agent_channel: bytes, sealed: bytes) -> bytes:
-    return Writer().raw(agent_channel).blob(sealed).finish()
-
-
-def read_relayed_key(payload: bytes) -> tuple[bytes, bytes]:
-    reader = Reader(payload)
-    agent_channel, sealed = reader.raw(PUBLIC_KEY_BYTES), reader.blob(max_len=MAX_SEALED)
-    reader.end()
-    return agent_channel, sealed
-
-
-def key_associated_data(run_id: bytes, agent: PartyId, receiver: PartyId) -> bytes:
-    """Binds a sealed secret key to its run, agent and receiver (a moved one fails to open)."""
-    return b"secure-fl/ckks-sk\x00" + run_id + agent.to_bytes(4, "big") + receiver.to_bytes(4, "big")
-
-
-def read_confirm(payload: bytes) -> bytes:
-    if len(payload) != raw.FINGERPRINT_BYTES:
-        raise WireError(f"a confirmation is a {raw.FINGERPRINT_BYTES}-byte fingerprint, got {len(payload)} bytes")
-    return payload

@@ -165,6 +165,13 @@ DESCRIPTORS: Final[dict[str, ProtocolDescriptor]] = {
             reader="CkksReader",
             summary="CKKS on TenSEAL; the server adds ciphertexts, a client-side key holder decrypts and "
                     "rounds to the encoding's grid"),
+        ProtocolDescriptor(
+            name="bfv", code=7, family="he", exact=True, keyed=True, server_learns_sum=False,
+            module="protocols.bfv", server_class="BfvServerSession", client_class="BfvClientSession",
+            options_class_name="BfvOptions", key_stage="context", sealed_key_stage="sealed_key",
+            reader="CkksReader",
+            summary="BFV on TenSEAL: exact integer sums; the server adds ciphertexts, a client-side key holder "
+                    "decrypts"),
     )
 }
 """Every protocol by name."""

@@ -101,16 +101,23 @@ def spec_for(clients: int, length: int) -> VectorSpec:
     return VectorSpec(length=length, bound=1.0, summands=clients, kind="float", signed=True, frac_bits=16)
 
 
-def raw_inputs(clients: int, length: int) -> dict[int, np.ndarray]:
-    """Experiment data only (numpy's generator never touches keys or masks)."""
+def raw_inputs(clients: int, length: int, spec: VectorSpec | None = None) -> dict[int, np.ndarray]:
+    """Experiment data only (numpy's generator never touches keys or masks): uniform in [-1, 1],
+    or anywhere in ``spec``'s range when given (integers for an integer spec)."""
     rng = np.random.default_rng(20_240_601)
-    distinct = [rng.uniform(-1.0, 1.0, length) for _ in range(min(clients, DISTINCT_INPUTS))]
+    count = min(clients, DISTINCT_INPUTS)
+    if spec is None or (spec.kind == "float" and spec.signed and spec.bound == 1.0):
+        distinct = [rng.uniform(-1.0, 1.0, length) for _ in range(count)]
+    else:
+        low = -spec.bound if spec.signed else 0.0
+        distinct = [rng.integers(int(low), int(spec.bound) + 1, length) if spec.kind == "int"
+                    else rng.uniform(low, spec.bound, length) for _ in range(count)]
     return {pid: distinct[pid % len(distinct)] for pid in range(clients)}
 
 
 def encoded_inputs(spec: VectorSpec, clients: int) -> dict[int, np.ndarray]:
     distinct: dict[int, np.ndarray] = {}
-    for i, vector in raw_inputs(min(clients, DISTINCT_INPUTS), spec.length).items():
+    for i, vector in raw_inputs(min(clients, DISTINCT_INPUTS), spec.length, spec).items():
         distinct[i] = encode(spec, vector).values
     return {pid: distinct[pid % len(distinct)] for pid in range(clients)}
 
@@ -351,6 +358,10 @@ class _Protocol:
     def session(self, cache: Any, clients: int, length: int, *extra: Any) -> SecureSum:
         raise NotImplementedError
 
+    def spec(self, clients: int, length: int, *extra: Any) -> VectorSpec:
+        """What the benchmark sums (the suite's model-update-like input unless a module says otherwise)."""
+        return spec_for(clients, length)
+
     def prepare(self, session: SecureSum, spec: VectorSpec, timed: int | None, *extra: Any) -> None:
         """Called before every fresh run executes anything (e.g. Paillier pools); ``timed`` is
         the party acting in the timed window, when only one does."""
@@ -368,7 +379,7 @@ def _calibrated(bench: _Protocol, label: str, cache: Any, clients: int, length: 
     if found is None:
         _CALIBRATIONS.clear()  # one combination per process; free the previous one
         session = bench.session(cache, clients, length, *extra)
-        spec = spec_for(clients, length)
+        spec = bench.spec(clients, length, *extra)
         encoded = encoded_inputs(spec, clients)
         found = _CALIBRATIONS[key] = (session, spec, encoded, calibrate(
             session, spec, encoded, run_id=_RUN_ID, label=label,
@@ -458,23 +469,25 @@ class _Round(_Protocol):
         if found is None:
             _CALIBRATIONS.clear()
             session = self.session(cache, clients, length, *extra)
-            found = _CALIBRATIONS[key] = (session, spec_for(clients, length), raw_inputs(clients, length), None)
-        self.session_, self.spec, self.inputs, _ = found
+            spec = self.spec(clients, length, *extra)
+            found = _CALIBRATIONS[key] = (session, spec, raw_inputs(clients, length, spec), None)
+        self.session_, self.sum_spec, self.inputs, _ = found
+        self.length = length
         self.extra = extra
         self._before_sum()
 
     def _before_sum(self) -> None:
         self.session_.transcript.entries.clear()
-        self.prepare(self.session_, self.spec, None, *self.extra)
+        self.prepare(self.session_, self.sum_spec, None, *self.extra)
 
     def time_round(self, *args: Any) -> None:
-        self.session_.sum(self.inputs, spec=self.spec, reveal=REVEAL, statistic="bench")
+        self.session_.sum(self.inputs, spec=self.sum_spec, reveal=REVEAL, statistic="bench")
 
     def peakmem_round(self, *args: Any) -> None:
-        self.session_.sum(self.inputs, spec=self.spec, reveal=REVEAL, statistic="bench")
+        self.session_.sum(self.inputs, spec=self.sum_spec, reveal=REVEAL, statistic="bench")
 
     def _bytes(self) -> tuple[int, int]:
-        outcome = self.session_.sum(self.inputs, spec=self.spec, reveal=REVEAL, statistic="bench")
+        outcome = self.session_.sum(self.inputs, spec=self.sum_spec, reveal=REVEAL, statistic="bench")
         entries = self.session_.transcript.select(run_id=outcome.run_id)
         transcript = Transcript(list(entries))
         return bytes_of(transcript, self.session_.clients)
@@ -490,4 +503,10 @@ class _Round(_Protocol):
         return self._bytes()[1]
 
     track_bytes_total.unit = "bytes"  # type: ignore[attr-defined]
+
+    def track_bytes_per_value(self, *args: Any) -> float:
+        """:meth:`track_bytes_per_client` per entry of the summed vector."""
+        return self._bytes()[0] / self.length
+
+    track_bytes_per_value.unit = "bytes"  # type: ignore[attr-defined]
 

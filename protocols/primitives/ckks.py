@@ -1,479 +1,311 @@
-"""CKKS contexts and ciphertexts on TenSEAL, with every byte from the wire checked first.
+"""CKKS parameters, their derivation from what is summed, and CKKS key sets on TenSEAL.
 
 Hazardous layer: no protocol logic here, only what a CKKS secure sum needs —
 
-* :func:`generate` makes a key pair and serialises its two halves separately: the
-  *public context* (parameters + public key, **no** secret key, **no** Galois keys,
-  **no** relinearisation keys — a sum needs none of them) and the secret key alone;
-* :class:`PublicContext` encrypts a vector of any length as ``ceil(d / slots)``
-  ciphertexts that use every one of the ``N/2`` slots, loads ciphertexts from the
-  wire and adds them;
-* :class:`SecretContext` decrypts.
+* :class:`CkksParameters`: ring degree N, modulus chain and scale, validated against the
+  128-bit-security table (:data:`~protocols.primitives.seal.MAX_COEFF_BITS_128`), with the
+  error bound of a sum (:meth:`CkksParameters.error_bound`);
+* :func:`derive`: the smallest ring and modulus chain for a sum of ``n`` integers of at most
+  ``entry_max`` that decrypts within 1/4 of the exact sum (so rounding makes it exact);
+* :func:`generate` makes a key pair and serialises its two halves separately: the *public
+  context* (parameters + public key, **no** secret key, **no** Galois or relinearisation keys —
+  a sum needs none of them) and the secret key alone;
+* :class:`PublicContext` encrypts with the public key, loads ciphertexts from the wire and adds
+  them; :class:`SecretContext` encrypts with the secret key (seeded ciphertexts, half the bytes)
+  and decrypts. Framing checks and serialisation are :mod:`protocols.primitives.seal`'s.
 
-What travels per ciphertext is SEAL's own serialisation of the ciphertext (SEAL
-compresses it with zstd), *not* TenSEAL's ``CKKSVectorProto``: the receiver rebuilds
-that wrapper itself with the chunk length and scale it expects, so a sender never
-controls the ``sizes``/``scale`` fields TenSEAL would otherwise trust (a ``sizes``
-entry above the slot count makes TenSEAL's decrypt read past its buffer).
+**Two reals per slot.** CKKS has N/2 complex slots; a chunk of up to N entries is encoded as
+``x[0] + i x[1], x[2] + i x[3], ...``, so a ciphertext carries N values, not N/2 — half the bytes
+per value of encoding reals alone, at the same error (the bound below holds for the complex
+slot, so for both its parts).
 
-Before TenSEAL/SEAL see a ciphertext, :func:`check_stream` validates SEAL's header
-and walks the zstd frame's block headers, so the decompressed size is bounded by
-the size of an honest ciphertext (no decompression bombs), and the frame announces
-exactly that size. SEAL's ``load`` then checks the metadata and that every
-coefficient is reduced modulo its prime; anything TenSEAL or SEAL raise on bad input
-becomes one :class:`~protocols.errors.CiphertextError`. CKKS ciphertexts are
-malleable: a well-formed ciphertext altered in transit is not detected here —
-integrity of uploads is the transport's job (authenticated channels), as for Paillier.
+**Error bound.** Decrypting a sum of ``n`` fresh encryptions whose exact sum has magnitude at
+most ``M`` per entry gives every entry within ::
 
-Error bound (see :meth:`CkksParameters.error_bound`): decrypting a sum of ``n`` fresh
-encryptions of slot values whose sum has magnitude at most ``M`` gives every slot
-within ::
+    eps(n, M) = n * nu / Delta  +  N * M * 2**-50
 
-    eps(n, M) = n * (B_clean + N/2) / Delta  +  N * M * 2**-51
+of the exact sum, ``Delta = 2**scale_bits``, with the per-encryption noise ``nu`` (in units
+of the scaled plaintext; high-probability bounds on the canonical embedding, as in
+Cheon–Kim–Kim–Song 2017, sigma = 3.2, secret Hamming weight h <= N):
 
-of the exact sum, where ``Delta = 2**scale_bits`` and
-``B_clean = 8*sqrt(2)*sigma*N + 6*sigma*sqrt(N) + 16*sigma*sqrt(h*N)`` is the
-high-probability canonical-embedding bound of a fresh encryption's noise
-(Cheon–Kim–Kim–Song 2017, Lemma 1; sigma = 3.2 as in SEAL, Hamming weight h <= N).
-SEAL encrypts at the key level and divides by the special prime, which only shrinks
-that noise. ``N/2`` bounds the encoder's rounding of coefficients to integers, and the
-last term bounds double-precision error of SEAL's encoding and decoding FFTs.
+* public key (SEAL encrypts at the key level, then divides by the special prime p and rounds):
+  ``nu = B_clean / p + B_rs + N/2`` with ``B_clean = 8 sqrt(2) sigma N + 6 sigma sqrt(N) +
+  16 sigma sqrt(h N)`` (Lemma 1) and the rounding term ``B_rs = sqrt(N/3) (3 + 8 sqrt(h))``
+  (Lemma 2);
+* secret key (SEAL encrypts at the data level: the noise is one error polynomial):
+  ``nu = 6 sigma sqrt(N) + N/2``.
+
+``N/2`` bounds the encoder's rounding of coefficients to integers, and the last term the
+double-precision error of SEAL's encoding and decoding FFTs (two reals per slot included).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
 import tenseal as ts
-import tenseal.sealapi  # registers SEAL's Modulus type, which the parameter checks read
+from tenseal import sealapi
 
-from ..errors import (
-    CapacityError,
-    CiphertextError,
-    EncodingError,
-    ForeignKeyError,
-    ProtocolError,
-    WireError,
+from ..errors import CapacityError, CiphertextError, WireError
+from .seal import (
+    FINGERPRINT_BYTES,
+    MAX_COEFF_BITS_128,
+    MAX_PRIME_BITS,
+    MIN_PRIME_BITS,
+    NOISE_SIGMA,
+    RINGS,
+    Codec,
+    PublicKeys,
+    SealParameters,
+    SecretKeys,
+    StreamLayout,
+    TenSealVector,
+    check_fingerprint,
+    check_ring,
+    check_stream,
+    coeff_primes,
+    fingerprint_of,
+    generate,
+    split_bits,
+    wrap,
 )
 
+__all__ = [
+    "FINGERPRINT_BYTES", "MAX_COEFF_BITS_128", "NOISE_SIGMA", "ROUNDING_MARGIN", "CkksParameters", "CkksVector",
+    "PublicContext", "SecretContext", "StreamLayout", "check_capacity", "check_fingerprint", "check_stream",
+    "derive", "fingerprint_of", "generate", "noise",
+]
+
 FloatArray = npt.NDArray[np.float64]
-CkksVector = Any
-"""A ``tenseal.CKKSVector`` holding exactly one ciphertext (TenSEAL ships no type hints)."""
-
-FINGERPRINT_BYTES: Final = 16
-NOISE_SIGMA: Final = 3.2
-"""Standard deviation of SEAL's error distribution."""
-MAX_COEFF_BITS_128: Final = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
-"""Largest total coefficient modulus for 128-bit security (HE standard; SEAL enforces the same table)."""
-
-_SEAL_MAGIC: Final = 0xA15E
-_SEAL_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, major, minor, compr_mode, reserved, total size
-_COMPR_NONE: Final = 0
-_COMPR_ZSTD: Final = 2
-_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
-_ZSTD_BLOCK_MAX: Final = 1 << 17
-_STREAM_SLACK: Final = 1024
-"""Bytes a serialised ciphertext may exceed its uncompressed size by (zstd's framing)."""
+CkksVector = TenSealVector
+ROUNDING_MARGIN: Final = 0.25
+"""Largest CKKS error (in encoded units) a sum may have; rounding is exact below 1/2."""
+_FFT_BITS: Final = 50
 
 
 @dataclass(frozen=True)
-class CkksParameters:
+class CkksParameters(SealParameters):
     """CKKS encryption parameters; validated so that TenSEAL never sees a nonsensical set."""
 
     poly_modulus_degree: int
     coeff_mod_bit_sizes: tuple[int, ...]
     scale_bits: int
+    scheme: ClassVar[str] = "ckks"
 
     def __post_init__(self) -> None:
-        n = self.poly_modulus_degree
-        if not isinstance(n, int) or isinstance(n, bool) or n not in MAX_COEFF_BITS_128:
-            raise ValueError(f"poly_modulus_degree must be one of {sorted(MAX_COEFF_BITS_128)}, got {n!r}")
-        bits = self.coeff_mod_bit_sizes
-        if len(bits) < 2:
-            raise ValueError("coeff_mod_bit_sizes needs at least two primes (data primes plus the special prime)")
-        if any(not isinstance(b, int) or isinstance(b, bool) or not 20 <= b <= 60 for b in bits):
-            raise ValueError(f"each coefficient prime must have 20 to 60 bits, got {list(bits)}")
-        if sum(bits) > MAX_COEFF_BITS_128[n]:
-            raise ValueError(
-                f"coefficient modulus of {sum(bits)} bits exceeds {MAX_COEFF_BITS_128[n]} bits, "
-                f"the 128-bit-security limit for N = {n}"
-            )
+        object.__setattr__(self, "coeff_mod_bit_sizes", tuple(self.coeff_mod_bit_sizes))
+        check_ring(self.poly_modulus_degree, self.coeff_mod_bit_sizes)
         if not isinstance(self.scale_bits, int) or isinstance(self.scale_bits, bool) or not 1 <= self.scale_bits <= 60:
             raise ValueError(f"scale_bits must be an integer in [1, 60], got {self.scale_bits!r}")
         if self.scale_bits >= self.data_bits - 1:
             raise ValueError(f"scale 2**{self.scale_bits} leaves no room below the {self.data_bits}-bit data modulus")
 
+    def __str__(self) -> str:
+        return (f"CKKS N={self.poly_modulus_degree}, moduli {list(self.coeff_mod_bit_sizes)} bits, "
+                f"scale 2**{self.scale_bits}")
+
     @property
     def slots(self) -> int:
+        """Complex slots per ciphertext (each carries two entries of a vector)."""
         return self.poly_modulus_degree // 2
+
+    @property
+    def values_per_ciphertext(self) -> int:
+        return self.poly_modulus_degree
 
     @property
     def scale(self) -> float:
         return float(2**self.scale_bits)
 
-    @property
-    def data_bits(self) -> int:
-        """Bits of the modulus fresh ciphertexts live under (every prime but the special one)."""
-        return sum(self.coeff_mod_bit_sizes[:-1])
+    def fresh_noise(self, *, symmetric: bool = False) -> float:
+        """Per-entry error of one fresh encryption, in entry units (``nu / Delta``, module docstring)."""
+        return noise(self.poly_modulus_degree, self.special_bits, symmetric=symmetric) / self.scale
 
-    def chunks(self, length: int) -> int:
-        return -(-length // self.slots)
+    def error_bound(self, summands: int, magnitude: float, *, symmetric: bool = False) -> float:
+        """``eps(n, M)``: largest error of one decrypted entry of a sum of ``summands`` fresh
+        encryptions (all secret-key ones when ``symmetric``) whose exact sum has absolute value
+        at most ``magnitude``."""
+        fft = self.poly_modulus_degree * magnitude * 2.0**-_FFT_BITS
+        return summands * self.fresh_noise(symmetric=symmetric) + fft
 
-    def chunk_sizes(self, length: int) -> list[int]:
-        slots = self.slots
-        return [min(slots, length - start) for start in range(0, length, slots)]
-
-    def fresh_noise(self) -> float:
-        """Per-slot error of one fresh encryption, in slot units: ``(B_clean + N/2) / Delta``."""
-        n, s = float(self.poly_modulus_degree), NOISE_SIGMA
-        h = n  # Hamming weight of the ternary secret; SEAL samples it uniformly, so h <= N
-        b_clean = 8 * math.sqrt(2) * s * n + 6 * s * math.sqrt(n) + 16 * s * math.sqrt(h * n)
-        return (b_clean + n / 2) / self.scale
-
-    def error_bound(self, summands: int, magnitude: float) -> float:
-        """``eps(n, M)``: largest error of one decrypted slot of a sum of ``summands`` fresh
-        encryptions whose exact sum has absolute value at most ``magnitude``."""
-        return summands * self.fresh_noise() + self.poly_modulus_degree * magnitude * 2.0**-51
+    def probe_error(self) -> float:
+        return self.error_bound(1, 1.0)
 
     def max_magnitude(self) -> float:
-        """Largest slot value the data modulus holds with a bit to spare (``|x| * Delta < q/4``)."""
+        """Largest entry the data modulus holds with a bit to spare (``|x| * Delta < q/4``)."""
         return 2.0 ** (self.data_bits - self.scale_bits - 2)
 
+    def context(self) -> Any:
+        ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=self.poly_modulus_degree,
+                         coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes), n_threads=1)
+        ctx.global_scale = self.scale
+        return ctx
 
-def fingerprint_of(public_context: bytes) -> bytes:
-    return hashlib.sha256(b"secure-fl/ckks-context\x00" + public_context).digest()[:FINGERPRINT_BYTES]
+    def codec(self, seal: Any) -> CkksCodec:
+        return CkksCodec(self, seal)
 
+    def matches(self, parms: Any) -> bool:
+        return bool(parms.scheme() == ts.SCHEME_TYPE.CKKS.value)
 
-def check_fingerprint(expected: bytes, got: bytes) -> None:
-    if not hmac.compare_digest(expected, got):
-        raise ForeignKeyError("ciphertexts were made under another CKKS context")
-
-
-def generate(params: CkksParameters) -> tuple[bytes, bytes]:
-    """A fresh key pair as ``(public context, secret key)`` bytes.
-
-    TenSEAL also makes relinearisation keys; they are never serialised, and no Galois
-    keys are generated at all. The generating context is dropped on return.
-    """
-    ctx = ts.context(
-        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
-        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes), n_threads=1,
-    )
-    ctx.global_scale = params.scale
-    public = ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                           save_relin_keys=False)
-    secret = ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                           save_relin_keys=False)
-    return bytes(public), bytes(secret)
-
-
-def _load_context(data: bytes, params: CkksParameters) -> Any:
-    """Deserialise a TenSEAL context and check it is CKKS with exactly ``params``."""
-    try:
-        ctx = ts.context_from(bytes(data), n_threads=1)
-        seal = ctx.seal_context().data
-        first = seal.first_context_data()
-        parms = first.parms()
-        ok = (
-            bool(seal.parameters_set())
-            and parms.scheme() == ts.SCHEME_TYPE.CKKS.value
-            and int(parms.poly_modulus_degree()) == params.poly_modulus_degree
-            and tuple(int(m.bit_count()) for m in parms.coeff_modulus()) == params.coeff_mod_bit_sizes[:-1]
-            and tuple(int(m.bit_count()) for m in seal.key_context_data().parms().coeff_modulus())
-            == params.coeff_mod_bit_sizes
-        )
-    except Exception as error:  # noqa: BLE001  (TenSEAL, SEAL, protobuf raise assorted C++-mapped types)
-        raise WireError(f"CKKS context could not be loaded: {type(error).__name__}") from None
-    if not ok:
-        raise ForeignKeyError("the CKKS context does not have the agreed parameters")
-    return ctx
-
-
-@dataclass(frozen=True)
-class StreamLayout:
-    """What an honest serialised ciphertext of these parameters looks like."""
-
-    version: tuple[int, int]
-    compression: int
-    inflated_size: int
-    """Bytes of SEAL's uncompressed ciphertext record (the same for every fresh or summed ciphertext)."""
-
-    @property
-    def max_stream(self) -> int:
-        return _SEAL_HEADER.size + self.inflated_size + _STREAM_SLACK
+    def to_bytes(self) -> bytes:
+        bits = self.coeff_mod_bit_sizes
+        return struct.pack(f">IB{len(bits)}BB", self.poly_modulus_degree, len(bits), *bits, self.scale_bits)
 
     @classmethod
-    def of(cls, stream: bytes) -> StreamLayout:
-        magic, hsize, major, minor, compr, _, total = _SEAL_HEADER.unpack_from(stream)
-        if magic != _SEAL_MAGIC or hsize != _SEAL_HEADER.size or total != len(stream):
-            raise ProtocolError("TenSEAL produced an unexpected SEAL stream")
-        body = memoryview(stream)[_SEAL_HEADER.size:]
-        if compr == _COMPR_NONE:
-            inflated = len(body)
-        elif compr == _COMPR_ZSTD:
-            inflated = _zstd_frame_size(body, expected=None)
-        else:  # zlib: its decompressed size cannot be bounded before inflating
-            raise ProtocolError(f"SEAL compression mode {compr} is not supported (build SEAL with zstd)")
-        return cls((major, minor), compr, inflated)
+    def from_bytes(cls, data: bytes) -> CkksParameters:
+        """Strict: exactly one parameter set, valid at 128-bit security (``WireError`` otherwise)."""
+        if len(data) < 6 or len(data) != 6 + data[4]:
+            raise WireError("CKKS parameters have the wrong length")
+        degree, count = struct.unpack_from(">IB", data)
+        bits = tuple(data[5 : 5 + count])
+        try:
+            return cls(degree, bits, data[5 + count])
+        except ValueError as error:
+            raise WireError(f"impossible CKKS parameters: {error}") from None
 
 
-def check_stream(layout: StreamLayout, stream: bytes) -> None:
-    """Refuse a serialised ciphertext whose framing differs from an honest one, cheaply and
-    before any decompression: SEAL header fields, and for zstd the frame header and every
-    block header (which bound the decompressed size)."""
-    if len(stream) < _SEAL_HEADER.size:
-        raise WireError("ciphertext truncated: no SEAL header")
-    if len(stream) > layout.max_stream:
-        raise WireError(f"ciphertext of {len(stream)} bytes exceeds the {layout.max_stream} an honest one takes")
-    magic, hsize, major, minor, compr, reserved, total = _SEAL_HEADER.unpack_from(stream)
-    if magic != _SEAL_MAGIC or hsize != _SEAL_HEADER.size or reserved != 0:
-        raise WireError("not a SEAL ciphertext (bad header)")
-    if (major, minor) != layout.version or compr != layout.compression:
-        raise WireError(f"SEAL stream version {major}.{minor}, compression {compr} is not this build's")
-    if total != len(stream):
-        raise WireError(f"SEAL header says {total} bytes, the ciphertext carries {len(stream)}")
-    body = memoryview(stream)[_SEAL_HEADER.size:]
-    if compr == _COMPR_NONE:
-        if len(body) != layout.inflated_size:
-            raise WireError("uncompressed ciphertext has the wrong size")
-        return
-    _zstd_frame_size(body, expected=layout.inflated_size)
+def check_capacity(params: CkksParameters, summands: int, entry_max: int, *, symmetric: bool = False) -> None:
+    """Refuse a sum of ``summands`` entries of at most ``entry_max`` that CKKS under ``params``
+    cannot carry exactly (its error bound must stay within :data:`ROUNDING_MARGIN`)."""
+    magnitude = float(summands * entry_max)
+    if magnitude > params.max_magnitude():
+        raise CapacityError(
+            f"sums up to {magnitude:.6g} do not fit the {params.data_bits}-bit data modulus at scale "
+            f"2**{params.scale_bits}; lower the bound or precision, or the scale"
+        )
+    eps = params.error_bound(summands, magnitude, symmetric=symmetric)
+    if eps > ROUNDING_MARGIN:
+        raise CapacityError(
+            f"CKKS error bound {eps:.3g} for {summands} summands of up to {entry_max} exceeds "
+            f"{ROUNDING_MARGIN}, so sums would not round exactly; lower frac_bits, the bound or the "
+            "number of summands, or raise scale_bits"
+        )
 
 
-def _zstd_frame_size(body: memoryview, *, expected: int | None) -> int:
-    """Walk one zstd frame (RFC 8878) without decoding it; return its declared content size.
+def derive(*, summands: int, entry_max: int, symmetric: bool, ring: int | None = None) -> CkksParameters:
+    """The smallest ring, then the smallest modulus chain, that sums ``summands`` integers in
+    ``[0, entry_max]`` exactly at 128-bit security (:class:`CapacityError` naming why not).
 
-    Requires: one frame filling ``body`` exactly, no dictionary, a declared content size
-    (equal to ``expected`` when given), and block headers whose decompressed sizes add up
-    to at most twice that plus one block.
+    For each N from the smallest: the scale is the least power of two keeping
+    :meth:`CkksParameters.error_bound` within 1/4, the data modulus the least that holds the
+    largest sum at that scale (:meth:`~CkksParameters.max_magnitude`) — one prime up to 60 bits,
+    more beyond — and the special prime as large as the security table leaves room for (up to
+    60 bits; it divides the public-key encryption noise). Spare bits of a data prime that must be
+    at least 20 bits raise the scale. ``symmetric``: every summand is encrypted with the secret
+    key (every contributor holds it). ``ring`` fixes N.
     """
-    def need(pos: int, count: int) -> None:
-        if pos + count > len(body):
-            raise WireError("ciphertext truncated inside its zstd frame")
-
-    need(0, 5)
-    if bytes(body[:4]) != _ZSTD_MAGIC:
-        raise WireError("ciphertext body is not a zstd frame")
-    descriptor = body[4]
-    fcs_flag, single, reserved, checksum, dict_flag = (
-        descriptor >> 6, (descriptor >> 5) & 1, (descriptor >> 3) & 1, (descriptor >> 2) & 1, descriptor & 3,
-    )
-    if reserved or dict_flag:
-        raise WireError("zstd frame uses reserved bits or a dictionary")
-    pos = 5 + (0 if single else 1)
-    fcs_bytes = {0: 1 if single else 0, 1: 2, 2: 4, 3: 8}[fcs_flag]
-    if fcs_bytes == 0:
-        raise WireError("zstd frame does not declare its content size")
-    need(pos, fcs_bytes)
-    content = int.from_bytes(body[pos : pos + fcs_bytes], "little") + (256 if fcs_bytes == 2 else 0)
-    pos += fcs_bytes
-    if expected is not None and content != expected:
-        raise WireError(f"ciphertext inflates to {content} bytes, an honest one to {expected}")
-    limit = 2 * content + _ZSTD_BLOCK_MAX
-    produced = 0
-    while True:
-        need(pos, 3)
-        header = int.from_bytes(body[pos : pos + 3], "little")
-        pos += 3
-        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
-        if kind == 0:  # raw
-            need(pos, size)
-            pos += size
-            produced += size
-        elif kind == 1:  # run-length: one byte repeated size times
-            need(pos, 1)
-            pos += 1
-            produced += size
-        elif kind == 2:  # compressed: at most one maximal block of output
-            if size > _ZSTD_BLOCK_MAX:
-                raise WireError("zstd block larger than the format allows")
-            need(pos, size)
-            pos += size
-            produced += _ZSTD_BLOCK_MAX
-        else:
-            raise WireError("zstd block of the reserved type")
-        if produced > limit:
-            raise WireError("ciphertext would inflate beyond the size of an honest one")
-        if last:
+    if summands < 1 or entry_max < 1:
+        raise CapacityError("a sum needs at least one summand and a positive bound")
+    magnitude = summands * entry_max
+    magnitude_bits = (magnitude - 1).bit_length()  # ceil(log2 M): M <= 2**magnitude_bits
+    reasons: list[str] = []
+    for n in RINGS if ring is None else (ring,):
+        budget = MAX_COEFF_BITS_128.get(n)
+        if budget is None:
+            raise CapacityError(f"ring degree N = {n} is not one of {list(RINGS)}")
+        room = ROUNDING_MARGIN - n * magnitude * 2.0**-_FFT_BITS
+        if room <= 0:
+            reasons.append(f"N={n}: double-precision decoding alone errs by more than {ROUNDING_MARGIN}")
+            continue
+        special = MAX_PRIME_BITS
+        found: CkksParameters | None = None
+        for _ in range(4):  # the special prime's size moves the public-key noise a little: settle it
+            nu = noise(n, special, symmetric=symmetric)
+            scale_bits = max(1, math.ceil(math.log2(summands * nu / room)))
+            data_bits = max(MIN_PRIME_BITS, scale_bits + 2 + magnitude_bits)
+            scale_bits = data_bits - 2 - magnitude_bits  # spend spare bits of the data prime on precision
+            fits = min(MAX_PRIME_BITS, budget - data_bits)
+            if fits < MIN_PRIME_BITS or scale_bits > 60:
+                break
+            if fits < special:
+                special = fits
+                continue
+            try:
+                params = CkksParameters(n, (*split_bits(data_bits), special), scale_bits)
+                coeff_primes(n, params.coeff_mod_bit_sizes)
+                check_capacity(params, summands, entry_max, symmetric=symmetric)
+            except (ValueError, CapacityError):
+                break
+            found = params
             break
-    pos += 4 * checksum
-    need(pos, 0)
-    if pos != len(body):
-        raise WireError(f"{len(body) - pos} bytes after the ciphertext's zstd frame")
-    return content
+        if found is not None:
+            return found
+        reasons.append(f"N={n}: a {MAX_COEFF_BITS_128[n]}-bit modulus cannot hold the sum at the needed scale")
+    raise CapacityError(
+        f"CKKS cannot sum {summands} entries of up to {entry_max} exactly at 128-bit security "
+        f"({'; '.join(reasons[-2:])}); lower the bound, the precision or the number of summands, "
+        "or use bfv, paillier or masking"
+    )
 
 
-# --- TenSEAL's CKKSVectorProto, written and read by hand --------------------------------------
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+def noise(n: int, special_bits: int, *, symmetric: bool) -> float:
+    """``nu``: one fresh encryption's error bound in units of the scaled plaintext (module docstring)."""
+    s, fn = NOISE_SIGMA, float(n)
+    h = fn  # Hamming weight of the ternary secret; SEAL samples it uniformly, so h <= N
+    encoding = fn / 2
+    if symmetric:
+        return 6 * s * math.sqrt(fn) + encoding
+    b_clean = 8 * math.sqrt(2) * s * fn + 6 * s * math.sqrt(fn) + 16 * s * math.sqrt(h * fn)
+    b_rs = math.sqrt(fn / 3) * (3 + 8 * math.sqrt(h))
+    return b_clean / 2.0 ** (special_bits - 1) + b_rs + encoding
 
 
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ProtocolError("malformed varint in a TenSEAL vector")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
+class CkksCodec(Codec):
+    """Two entries per complex slot: ``x[2k] + i x[2k+1]``."""
+
+    def __init__(self, params: CkksParameters, seal: Any) -> None:
+        self.params = params
+        self._encoder = sealapi.CKKSEncoder(seal)
+        self._scale = params.scale
+
+    def encode(self, chunk: npt.NDArray[Any]) -> Any:
+        values = np.asarray(chunk, dtype=np.float64)
+        if not np.all(np.isfinite(values)) or float(np.max(np.abs(values))) > self.params.max_magnitude():
+            raise CapacityError(f"values must be finite and at most {self.params.max_magnitude()} in magnitude")
+        if values.size % 2:
+            values = np.append(values, 0.0)
+        plain = sealapi.Plaintext()
+        self._encoder.encode(np.ascontiguousarray(values).view(np.complex128).tolist(), self._scale, plain)
+        return plain
+
+    def decode(self, plain: Any, size: int) -> npt.NDArray[Any]:
+        slots = np.asarray(self._encoder.decode_complex(plain), dtype=np.complex128)
+        return slots.view(np.float64)[:size].copy()
+
+    def vector(self, ctx: Any, stream: bytes, size: int) -> TenSealVector:
+        return ts.ckks_vector_from(ctx, wrap(stream, (size + 1) // 2, self._scale))
+
+    def fresh(self, ct: Any, vector: TenSealVector, size: int) -> bool:
+        return (bool(ct.is_ntt_form()) and float(ct.scale) == self._scale
+                and int(vector.size()) == (size + 1) // 2)
 
 
-def _wrap(stream: bytes, size: int, scale: float) -> bytes:
-    """``CKKSVectorProto{sizes: [size], ciphertexts: [stream], scale: scale}``."""
-    packed = _varint(size)
-    return b"".join((
-        b"\x0a", _varint(len(packed)), packed,
-        b"\x12", _varint(len(stream)), stream,
-        b"\x19", struct.pack("<d", scale),
-    ))
+class PublicContext(PublicKeys):
+    """A CKKS public context: parameters and public key (see :class:`~protocols.primitives.seal.PublicKeys`)."""
 
-
-def _unwrap(proto: bytes) -> bytes:
-    """The single ciphertext stream of a TenSEAL ``CKKSVectorProto`` we serialised ourselves."""
-    data = memoryview(proto)
-    pos, found = 0, []
-    while pos < len(data):
-        tag, pos = _read_varint(data, pos)
-        wire = tag & 7
-        if wire == 2:
-            length, pos = _read_varint(data, pos)
-            if tag >> 3 == 2:
-                found.append(bytes(data[pos : pos + length]))
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 0:
-            _, pos = _read_varint(data, pos)
-        else:
-            raise ProtocolError(f"unexpected protobuf wire type {wire} in a TenSEAL vector")
-    if pos != len(data) or len(found) != 1:
-        raise ProtocolError("a TenSEAL vector did not hold exactly one ciphertext")
-    return found[0]
-
-
-# --- contexts -----------------------------------------------------------------------------------
-
-class PublicContext:
-    """Parameters and public key: enough to encrypt, load and add, never to decrypt."""
+    params: CkksParameters
 
     def __init__(self, data: bytes, params: CkksParameters) -> None:
-        ctx = _load_context(data, params)
-        if ctx.has_secret_key() or ctx.has_galois_keys() or ctx.has_relin_keys() or not ctx.has_public_key():
-            raise ForeignKeyError("a public CKKS context must hold the public key and nothing else")
-        self.params = params
-        self.data = bytes(data)
-        self.fingerprint = fingerprint_of(self.data)
-        self._ctx = ctx
-        self._parms_id = tuple(ctx.seal_context().data.first_parms_id())
-        self._data_primes = len(params.coeff_mod_bit_sizes) - 1
-        self.layout = StreamLayout.of(self.dump(self._encrypt_chunk(np.zeros(1))))
-
-    def __repr__(self) -> str:
-        return f"PublicContext(N={self.params.poly_modulus_degree}, fingerprint={self.fingerprint.hex()})"
-
-    def _encrypt_chunk(self, values: FloatArray) -> CkksVector:
-        return ts.ckks_vector(self._ctx, values.tolist(), self.params.scale)
-
-    def encrypt(self, values: FloatArray) -> list[bytes]:
-        """``ceil(d / slots)`` serialised ciphertexts, each filling every slot but maybe the last."""
-        arr = np.asarray(values, dtype=np.float64)
-        if arr.ndim != 1 or arr.size == 0:
-            raise EncodingError("CKKS encrypts a non-empty vector")
-        if not np.all(np.isfinite(arr)) or float(np.max(np.abs(arr))) > self.params.max_magnitude():
-            raise CapacityError(f"values must be finite and at most {self.params.max_magnitude()} in magnitude")
-        slots = self.params.slots
-        return [self.dump(self._encrypt_chunk(arr[i : i + slots])) for i in range(0, arr.size, slots)]
-
-    def dump(self, vector: CkksVector) -> bytes:
-        """SEAL's serialisation of the one ciphertext in ``vector``."""
-        return _unwrap(bytes(vector.serialize()))
-
-    def load(self, stream: bytes, size: int, *, context: Any = None) -> CkksVector:
-        """A ciphertext of ``size`` slots from the wire, validated; CiphertextError/WireError otherwise."""
-        if not 1 <= size <= self.params.slots:
-            raise WireError(f"a ciphertext holds 1 to {self.params.slots} values, not {size}")
-        check_stream(self.layout, stream)
-        try:
-            vector = ts.ckks_vector_from(self._ctx if context is None else context,
-                                         _wrap(stream, size, self.params.scale))
-            (ct,) = vector.ciphertext()
-            ok = (
-                int(ct.size()) == 2
-                and tuple(ct.parms_id()) == self._parms_id
-                and int(ct.coeff_modulus_size()) == self._data_primes
-                and bool(ct.is_ntt_form())
-                and float(ct.scale) == self.params.scale
-                and int(vector.size()) == size
-            )
-        except Exception as error:  # noqa: BLE001  (SEAL raises logic_error, invalid_argument)
-            raise CiphertextError(f"ciphertext rejected by SEAL: {type(error).__name__}") from None
-        if not ok:
-            raise CiphertextError("ciphertext is not a fresh-level CKKS ciphertext of the agreed scale")
-        return vector
-
-    def add_into(self, accumulator: list[CkksVector], vectors: list[CkksVector]) -> None:
-        if len(accumulator) != len(vectors):
-            raise CiphertextError("ciphertext counts differ")
-        try:
-            for acc, vec in zip(accumulator, vectors):
-                acc.add_(vec)
-        except Exception as error:  # noqa: BLE001  (TenSEAL add on foreign data)
-            raise CiphertextError(f"ciphertexts could not be added: {type(error).__name__}") from None
+        if not isinstance(params, CkksParameters):
+            raise TypeError("a CKKS context needs CkksParameters")
+        super().__init__(data, params)
 
 
-class SecretContext:
-    """The secret key, bound to a public context; decrypts sums of that context's ciphertexts."""
+class SecretContext(SecretKeys):
+    """A CKKS secret key bound to its public context."""
 
-    def __init__(self, data: bytes, public: PublicContext) -> None:
-        ctx = _load_context(data, public.params)
-        if not ctx.has_secret_key() or ctx.has_galois_keys() or ctx.has_relin_keys():
-            raise ForeignKeyError("a CKKS secret key must come alone")
-        self.public = public
-        self._ctx = ctx
-        # Known answer: the key must open what the public key seals.
-        probe = np.array([1.0, -2.0, 0.5, 1024.0])
-        got = self._decrypt_one(public.load(public.encrypt(probe)[0], probe.size, context=ctx))
-        if not np.allclose(got, probe, atol=1e-3):
-            raise ForeignKeyError("the CKKS secret key does not belong to the public context")
-
-    def __repr__(self) -> str:
-        return f"SecretContext(<secret>, public={self.public!r})"
-
-    @staticmethod
-    def _decrypt_one(vector: CkksVector) -> FloatArray:
-        return np.asarray(vector.decrypt(), dtype=np.float64)
+    public: PublicContext
 
     def decrypt(self, streams: list[bytes], sizes: list[int]) -> FloatArray:
-        """The slot values of serialised ciphertexts, concatenated."""
-        if len(streams) != len(sizes):
-            raise CiphertextError("ciphertext count does not match the layout")
-        parts = []
-        for stream, size in zip(streams, sizes):
-            vector = self.public.load(stream, size, context=self._ctx)
-            try:
-                parts.append(self._decrypt_one(vector))
-            except Exception as error:  # noqa: BLE001  (SEAL decrypt/decode)
-                raise CiphertextError(f"ciphertext could not be decrypted: {type(error).__name__}") from None
-        values = np.concatenate(parts)
+        """The entries of serialised (full) ciphertexts, concatenated."""
+        values, _ = self.open(streams, sizes)
+        values = values.astype(np.float64)
         if not np.all(np.isfinite(values)):
             raise CiphertextError("decryption produced non-finite values")
         return values
+

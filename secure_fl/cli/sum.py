@@ -15,6 +15,7 @@ from protocols import (
     PROTOCOLS,
     DropoutPlan,
     ProtocolError,
+    Reveal,
     SecureSum,
     VectorSpec,
     descriptor,
@@ -59,12 +60,16 @@ def _fill_pools(session: SecureSum, spec: VectorSpec) -> None:
             client.fill_pool(client.layout(spec).num_plaintexts)
 
 
-def _params(session: SecureSum, participants: int) -> dict[str, Any]:
-    """The protocol's public options (and a masking run's degree and threshold)."""
+def _params(session: SecureSum, participants: int, spec: VectorSpec) -> dict[str, Any]:
+    """The protocol's public options (and a masking run's degree and threshold; the parameters
+    an HE protocol chose for this spec, when it sizes them per sum)."""
     options = session.options
     out: dict[str, Any] = {}
     if options is not None and dataclasses.is_dataclass(options):
         out = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.init}
+    chosen = getattr(session.server, "public_parameters", None)
+    if callable(chosen):
+        out.update(chosen(spec))
     from protocols.masking import MaskingServerSession
 
     if isinstance(session.server, MaskingServerSession):
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         session = SecureSum(args.protocol, clients=clients, options=options)
+        session.server.check(spec=spec, reveal=Reveal())  # the sum's parameters (HE key sets are per parameter set)
         session.setup(round=-1)  # the key set-up, as messages between the parties (none for unkeyed protocols)
         if args.pool:
             _fill_pools(session, spec)
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             "upload_per_client": int(np.median(uploads)) if uploads else 0,
             "total": session.transcript.total_bytes(run_entries),
         },
-        "params": _params(session, len(inputs)),
+        "params": _params(session, len(inputs), spec),
     }
     if args.json:
         print(json.dumps(report))

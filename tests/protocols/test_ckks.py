@@ -1,5 +1,6 @@
-"""CKKS secure sum: exactness, chunking, dropouts, key set-up as messages, client snapshots,
-and refusal of bad input."""
+"""CKKS secure sum: exactness, parameters derived from the spec, error bounds, chunking, dropouts,
+key set-up as messages (one key set per parameter set), seeded uploads, client snapshots, and
+refusal of bad input."""
 
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ from protocols import (
 )
 from protocols import errors as errors_module
 from protocols.ckks import (
+    LEGACY,
     CkksClient,
     CkksClientSession,
     CkksOptions,
     CkksServerSession,
     Stage,
 )
-from protocols.ckks_messages import (
+from protocols.primitives import ckks as raw
+from protocols.primitives import seal
+from protocols.seal_messages import (
     SetupParams,
     SumParams,
     _checksum,
@@ -51,10 +55,10 @@ from protocols.ckks_messages import (
     read_context,
     request_digest,
 )
-from protocols.primitives import ckks as raw
-from protocols.wire import Envelope, Writer
+from protocols.wire import OPEN, Envelope, Writer
 
 FLOAT: dict[str, Any] = {"bound": 1.0, "kind": "float", "signed": True}
+LEGACY_OPTIONS: dict[str, Any] = {"poly_modulus_degree": 8192, "coeff_mod_bit_sizes": (60, 40, 40, 60), "scale_bits": 40}
 PROTOCOL_ERRORS = {
     name for name, obj in vars(errors_module).items()
     if isinstance(obj, type) and issubclass(obj, ProtocolError)
@@ -71,11 +75,25 @@ def plain_total(values: dict[int, np.ndarray], spec: VectorSpec) -> np.ndarray:
     return make_sum("plain", clients=sorted(values)).sum(values, spec=spec).total
 
 
-def keyed(n: int, *, interceptor: Interceptor | None = None, **options: Any) -> SecureSum:
-    """A CKKS harness over ``n`` clients, its keys set up."""
+def keyed(n: int, *, spec: VectorSpec | None = None, interceptor: Interceptor | None = None,
+          **options: Any) -> SecureSum:
+    """A CKKS harness over ``n`` clients, its keys set up for sums of ``spec`` (default: ``n``
+    signed floats in [-1, 1])."""
     session = make_sum("ckks", clients=list(range(n)), network=LocalNetwork(interceptor=interceptor), **options)
+    needs(session, spec if spec is not None else VectorSpec(length=1, summands=n, **FLOAT))
     session.setup()
     return session
+
+
+def needs(session: SecureSum, spec: VectorSpec) -> None:
+    """Tell the server a sum of ``spec`` is coming (its parameter set needs keys)."""
+    session.server.check(spec=spec, reveal=Reveal())
+
+
+def params_of(session: SecureSum, spec: VectorSpec) -> raw.CkksParameters:
+    params = server_of(session).parameters(spec)
+    assert isinstance(params, raw.CkksParameters)
+    return params
 
 
 def server_of(session: SecureSum) -> CkksServerSession:
@@ -122,8 +140,8 @@ def test_sum_of_100_equals_the_exact_fixed_point_sum() -> None:
     assert np.max(np.abs(out.total - sum(values.values()))) <= session.tolerance(spec, n)
     # The CKKS error actually met before rounding stays below the stated bound eps(n, M).
     (raw_error,) = decryption_errors(session)  # one decryptor: the agent
-    bound = server_of(session).options.parameters.error_bound(n, float(n * spec.entry_max))
-    assert 0 < raw_error <= bound < 0.25
+    bound = params_of(session, spec).error_bound(n, float(n * spec.entry_max))
+    assert 0 < raw_error <= bound <= 0.25
     assert server_of(session).error_bound(spec, n) == pytest.approx(bound / spec.scale)
     print(f"\nn=100: max CKKS error {raw_error:.3g} encoded units "
           f"({raw_error / spec.scale:.3g} in value units), bound eps={bound:.3g}")
@@ -138,32 +156,49 @@ def test_sum_of_100_equals_the_exact_fixed_point_sum() -> None:
 
 
 def test_long_vectors_are_chunked_over_every_slot() -> None:
-    n, d = 3, 10_000  # > 4096 slots: three ciphertexts, the last one partly filled
+    n, d = 3, 10_000  # > N entries: three ciphertexts, the last one partly filled
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=1)
     session = make_sum("ckks", clients=list(range(n)))
     out = session.sum(values, spec=spec)
     assert np.array_equal(out.total, plain_total(values, spec))
-    # An upload is ceil(d / slots) ciphertexts and a few bytes, no context.
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
-    ctx.global_scale = 2**40
-    one = len(ts.ckks_vector(ctx, np.arange(4096.0).tolist()).serialize())
-    chunks = math.ceil(d / 4096)
+    # An upload is ceil(d / N) ciphertexts (two entries per complex slot) and a few bytes, no
+    # context: full public-key ciphertexts from clients without the key, seeded ones (half the
+    # bytes) from the agent, which holds it.
+    params = params_of(session, spec)
+    assert params.values_per_ciphertext == params.poly_modulus_degree == 2 * params.slots
+    chunks = math.ceil(d / params.poly_modulus_degree)
+    assert chunks == 3
+    public_bytes, secret_bytes = seal.generate(params)
+    public = raw.PublicContext(public_bytes, params)
+    secret = raw.SecretContext(secret_bytes, public)
+    full = len(public.encrypt(np.arange(float(params.poly_modulus_degree)))[0])
+    seeded = len(secret.encrypt(np.arange(float(params.poly_modulus_degree)))[0])
+    assert 0.45 * full <= seeded <= 0.55 * full
+    agent = agent_of(session)
     for entry in (e for e in session.transcript if e.stage == "upload"):
+        one = seeded if entry.sender == agent else full
         assert 0.95 * chunks * one <= entry.bytes <= 1.05 * chunks * one
 
 
 def test_other_parameters_use_their_slot_count() -> None:
-    options = CkksOptions(poly_modulus_degree=16384, coeff_mod_bit_sizes=(60, 50, 60), scale_bits=40)
-    assert options.coeff_mod_bit_sizes == (60, 50, 60) and options.parameters.slots == 8192
-    n, d = 2, 10_000
+    options = CkksOptions(poly_modulus_degree=16384, coeff_mod_bit_sizes=[60, 50, 60], scale_bits=40)
+    assert options.coeff_mod_bit_sizes == (60, 50, 60) and options.parameters is not None
+    assert options.parameters.slots == 8192 and options.parameters.values_per_ciphertext == 16384
+    n, d = 2, 20_000
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=2)
     session = SecureSum("ckks", clients=[0, 1], options=options)
     assert np.array_equal(session.sum(values, spec=spec).total, plain_total(values, spec))
     context = server_of(session).context
-    assert context is not None
+    assert context is not None and context.params == options.parameters
     assert len(context.encrypt(np.zeros(d))) == 2
+    # A fixed ring alone: the modulus chain and scale are still derived for each sum.
+    ring = SecureSum("ckks", clients=[0, 1], options=CkksOptions(poly_modulus_degree=8192))
+    assert np.array_equal(ring.sum(values, spec=spec).total, plain_total(values, spec))
+    chosen = params_of(ring, spec)
+    assert chosen.poly_modulus_degree == 8192 and chosen == raw.derive(
+        summands=n, entry_max=spec.entry_max, symmetric=False, ring=8192)
 
 
 def test_clients_silent_at_upload_are_left_out() -> None:
@@ -171,7 +206,7 @@ def test_clients_silent_at_upload_are_left_out() -> None:
     spec = VectorSpec(length=d, summands=n, kind="int", bound=1000)
     rng = np.random.default_rng(3)
     values = {i: rng.integers(0, 1001, d) for i in range(n)}
-    session = keyed(n)
+    session = keyed(n, spec=spec)
     silent = [pid for pid in range(n) if pid != agent_of(session)][:2]
     out = session.sum(values, spec=spec, dropouts=DropoutPlan({pid: "upload" for pid in silent}))
     survivors = sorted(set(range(n)) - set(silent))
@@ -203,7 +238,8 @@ def test_server_context_has_no_secret_and_no_galois_keys() -> None:
     assert context is not None and context.data == seen[0][1]
     assert all(payload == seen[0][1] for _, payload in seen)
     # A context carrying a secret key is refused as a public one.
-    params = CkksOptions().parameters
+    params = context.params
+    assert isinstance(params, raw.CkksParameters)
     _, secret = raw.generate(params)
     with pytest.raises(ProtocolError):
         raw.PublicContext(secret, params)
@@ -306,9 +342,10 @@ def test_ciphertexts_under_a_foreign_context_are_refused() -> None:
     n, d = 4, 10
     spec = VectorSpec(length=d, summands=n, **FLOAT)
     values = inputs(n, d, seed=5)
-    foreign = raw.PublicContext(raw.generate(CkksOptions().parameters)[0], CkksOptions().parameters)
+    session = keyed(n, spec=spec)
+    params = params_of(session, spec)
+    foreign = raw.PublicContext(raw.generate(params)[0], params)
     forged = foreign.encrypt(np.zeros(d))
-    session = keyed(n)
     victim = next(pid for pid in range(n) if pid != agent_of(session))
     session.network.interceptor = rewrite(victim, Stage.UPLOAD, lambda _: _write_ciphertexts(Writer(), foreign, forged))
     out = session.sum(values, spec=spec)
@@ -322,9 +359,9 @@ def test_a_forged_fingerprint_aborts_instead_of_releasing_garbage() -> None:
     """Foreign ciphertexts relabelled with our fingerprint load (same parameters) but
     decrypt to noise; the key holder's error check refuses to release that sum."""
     spec = VectorSpec(length=8, summands=3, **FLOAT)
-    params = CkksOptions().parameters
+    session = keyed(3, spec=spec)
+    params = params_of(session, spec)
     foreign = raw.PublicContext(raw.generate(params)[0], params)
-    session = keyed(3)
     fingerprint = server_of(session).fingerprint
     assert fingerprint is not None
     victim = next(pid for pid in range(3) if pid != agent_of(session))
@@ -381,7 +418,7 @@ def test_truncated_envelope_is_rejected() -> None:
 
 
 def test_garbage_ciphertexts_never_escape_as_anything_but_protocol_errors() -> None:
-    params = CkksOptions().parameters
+    params = LEGACY
     context = raw.PublicContext(raw.generate(params)[0], params)
     stream = context.encrypt(np.arange(4096.0))[0]
     rng = np.random.default_rng(7)
@@ -404,7 +441,9 @@ def test_garbage_ciphertexts_never_escape_as_anything_but_protocol_errors() -> N
         with pytest.raises(ProtocolError):
             context.load(junk, 4096)
     with pytest.raises(ProtocolError):
-        context.load(stream, 4097)
+        context.load(stream, 8193)  # a ciphertext holds N = 8192 entries
+    with pytest.raises(ProtocolError):
+        context.load(stream, 4096, seeded=True)  # a full ciphertext where a seeded one is due
     with pytest.raises(ProtocolError):
         raw.PublicContext(b"not a context", params)
 
@@ -440,9 +479,12 @@ def test_bound_violations_and_oversized_specs() -> None:
         session.tolerance(huge, 100)
     with pytest.raises(CapacityError):
         make_sum("ckks", clients=list(range(100))).sum({0: np.zeros(3)}, spec=huge)
-    # ...and by every client, should a server open one anyway.
+    with pytest.raises(CapacityError, match="128-bit security"):
+        server_of(session).check(spec=huge, reveal=Reveal())
+    # ...and by every client, should a server open one anyway (under any parameters it names).
     base = SumRequest(kind="sum", statistic="sum", round=0, spec=huge, reveal=Reveal(), participants=(0,))
-    request = dataclasses.replace(base, params=server_of(session).params(base))
+    forced = SumParams(LEGACY.to_bytes(), bytes(16), 0, request_digest("ckks", base, (0, 1)))
+    request = dataclasses.replace(base, params=forced.to_bytes())
     with pytest.raises(CapacityError):
         client_of(session, 0).join(run_id=bytes(16), request=request, values=None)
 
@@ -452,17 +494,25 @@ def test_options_are_validated() -> None:
         CkksOptions(keyholder="server")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         CkksOptions(poly_modulus_degree=5000)
+    with pytest.raises(ValueError, match="128-bit"):  # 240 bits: below 128-bit security at N=8192
+        CkksOptions(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 60, 60, 60), scale_bits=40)
     with pytest.raises(ValueError):
-        CkksOptions(coeff_mod_bit_sizes=(60, 60, 60, 60))  # 240 bits: below 128-bit security at N=8192
+        CkksOptions(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60,), scale_bits=40)
     with pytest.raises(ValueError):
-        CkksOptions(coeff_mod_bit_sizes=(60,))
-    with pytest.raises(ValueError):
-        CkksOptions(scale_bits=70)
+        CkksOptions(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), scale_bits=70)
+    with pytest.raises(ValueError, match="together"):
+        CkksOptions(scale_bits=30)  # a scale without its modulus chain
+    with pytest.raises(ValueError, match="together"):
+        CkksOptions(coeff_mod_bit_sizes=(60, 40, 60), scale_bits=30)  # ... or without its ring
+    with pytest.raises(TypeError):
+        CkksOptions(symmetric="yes")  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):
         CkksOptions().scale_bits = 30  # type: ignore[misc]
-    session = make_sum("ckks", clients=[0, 1], keyholder="all", coeff_mod_bit_sizes=[60, 40, 40, 60])
-    assert isinstance(session.server, CkksServerSession) and session.options == CkksOptions(keyholder="all")
-    assert all(client_of(session, p).options == CkksOptions(keyholder="all") for p in (0, 1))
+    assert CkksOptions().parameters is None and CkksOptions(**LEGACY_OPTIONS).parameters == LEGACY
+    session = make_sum("ckks", clients=[0, 1], keyholder="all", **{**LEGACY_OPTIONS, "coeff_mod_bit_sizes": [60, 40, 40, 60]})
+    expected = CkksOptions(keyholder="all", **LEGACY_OPTIONS)
+    assert isinstance(session.server, CkksServerSession) and session.options == expected
+    assert all(client_of(session, p).options == expected for p in (0, 1))
     with pytest.raises(ValueError, match="key_bits"):
         make_sum("ckks", clients=[0, 1], key_bits=2048)
     with pytest.raises(TypeError):
@@ -478,6 +528,7 @@ def test_a_context_altered_in_transit_stops_set_up() -> None:
         return data
 
     session = make_sum("ckks", clients=[0, 1, 2], network=LocalNetwork(interceptor=alter))
+    needs(session, FUZZ_SPEC)
     with pytest.raises(ProtocolError):
         session.setup()
     assert not session.ready
@@ -498,6 +549,7 @@ def test_set_up_needs_every_client(keyholder: str) -> None:
 
     session = make_sum("ckks", clients=[0, 1, 2], keyholder=keyholder,
                        network=LocalNetwork(interceptor=drop_first_confirm))
+    needs(session, FUZZ_SPEC)
     with pytest.raises(AbortedError, match="did not confirm"):
         session.setup()
     assert not session.ready
@@ -518,19 +570,23 @@ def test_a_sealed_key_moved_to_another_client_fails_to_open() -> None:
         return data if other is None else dataclasses.replace(env, payload=held[other]).to_bytes()
 
     session = make_sum("ckks", clients=[0, 1, 2], keyholder="all", network=LocalNetwork(interceptor=swap))
+    needs(session, FUZZ_SPEC)
     with pytest.raises(AbortedError, match="did not confirm"):
         session.setup()
 
 
 def test_set_up_parameters_are_parsed_strictly() -> None:
-    params = CkksOptions().parameters
+    params = LEGACY
     good = SetupParams(1, "agent", params).to_bytes()
 
     def parse(data: bytes, *, clients: tuple[int, ...] = (0, 1, 2), keyholder: str = "agent",
-              parameters: raw.CkksParameters = params) -> SetupParams:
-        return SetupParams.from_bytes(data, clients=clients, keyholder=keyholder, parameters=parameters)
+              options: CkksOptions | None = None) -> SetupParams[raw.CkksParameters]:
+        options = options if options is not None else CkksOptions()
+        return SetupParams.from_bytes(data, clients=clients, keyholder=keyholder, parse=options.parse_parameters,
+                                      accept=options.accept)
 
     assert parse(good) == SetupParams(1, "agent", params)
+    assert parse(good, options=CkksOptions(**LEGACY_OPTIONS)) == SetupParams(1, "agent", params)
     with pytest.raises(WireError):
         parse(good + b"\x00")
     with pytest.raises(WireError):
@@ -539,10 +595,12 @@ def test_set_up_parameters_are_parsed_strictly() -> None:
         parse(good, clients=(0, 2))  # the named agent is not a client
     with pytest.raises(WireError):
         parse(good[:4] + b"\x07" + good[5:])  # unknown key-holder mode
+    with pytest.raises(WireError):  # parameters below 128-bit security never parse
+        parse(SetupParams(1, "agent", params).to_bytes().replace(bytes([4, 60, 40, 40, 60]), bytes([4, 60, 60, 60, 60])))
     with pytest.raises(PolicyError):
         parse(good, keyholder="all")
-    with pytest.raises(ForeignKeyError):
-        parse(good, parameters=CkksOptions(scale_bits=30).parameters)
+    with pytest.raises(ForeignKeyError):  # a client with fixed parameters takes keys for those only
+        parse(good, options=CkksOptions(poly_modulus_degree=8192, coeff_mod_bit_sizes=(60, 40, 40, 60), scale_bits=30))
     # A client refuses a set-up for another mode through its session too.
     client = CkksClientSession(0, clients=[0, 1, 2], options=CkksOptions(keyholder="all"))
     request = SumRequest(kind="setup", statistic="setup", round=-1, spec=None, reveal=Reveal(),
@@ -551,24 +609,28 @@ def test_set_up_parameters_are_parsed_strictly() -> None:
         client.join(run_id=bytes(16), request=request, values=None)
 
 
-def test_a_sum_under_other_keys_or_before_set_up_is_refused() -> None:
+def test_a_sum_under_other_keys_or_parameters_or_before_set_up_is_refused() -> None:
     spec = VectorSpec(length=4, summands=2, **FLOAT)
-    session = keyed(2)
+    session = keyed(2, spec=spec)
     fingerprint, agent = server_of(session).fingerprint, agent_of(session)
     assert fingerprint is not None
+    chosen = params_of(session, spec).to_bytes()
     base = SumRequest(kind="sum", statistic="sum", round=0, spec=spec, reveal=Reveal(), participants=(0, 1))
-    digest = request_digest(base, (0, 1))
+    digest = request_digest("ckks", base, (0, 1))
     client = client_of(session, 0)
     cases: list[tuple[type[ProtocolError], bytes]] = [
-        (ForeignKeyError, SumParams(bytes(16), agent, digest).to_bytes()),
-        (StageError, SumParams(fingerprint, 1 - agent, digest).to_bytes()),
-        (WireError, SumParams(fingerprint, agent, bytes(16)).to_bytes()),  # request altered in transit
-        (WireError, SumParams(fingerprint, agent, digest).to_bytes() + b"\x00"),
+        (ForeignKeyError, SumParams(chosen, bytes(16), agent, digest).to_bytes()),
+        (ForeignKeyError, SumParams(LEGACY.to_bytes(), fingerprint, agent, digest).to_bytes()),  # not what it derives
+        (WireError, SumParams(b"\x00" * 7, fingerprint, agent, digest).to_bytes()),  # not parameters at all
+        (StageError, SumParams(chosen, fingerprint, 1 - agent, digest).to_bytes()),
+        (WireError, SumParams(chosen, fingerprint, agent, bytes(16)).to_bytes()),  # request altered in transit
+        (WireError, SumParams(chosen, fingerprint, agent, request_digest("bfv", base, (0, 1))).to_bytes()),
+        (WireError, SumParams(chosen, fingerprint, agent, digest).to_bytes() + b"\x00"),
     ]
     for error, params in cases:
         with pytest.raises(error):
             client.join(run_id=bytes(16), request=dataclasses.replace(base, params=params), values=None)
-    good = dataclasses.replace(base, params=SumParams(fingerprint, agent, digest).to_bytes())
+    good = dataclasses.replace(base, params=SumParams(chosen, fingerprint, agent, digest).to_bytes())
     assert isinstance(client.join(run_id=bytes(16), request=good, values=None), CkksClient)
     with pytest.raises(StageError):
         CkksClientSession(0, clients=[0, 1]).join(run_id=bytes(16), request=good, values=None)
@@ -582,7 +644,7 @@ def test_a_sum_under_other_keys_or_before_set_up_is_refused() -> None:
 def test_client_snapshots_round_trip_and_keep_working(keyholder: Any) -> None:
     n, d = 3, 7
     spec = VectorSpec(length=d, summands=n, **FLOAT)
-    session = keyed(n, keyholder=keyholder)
+    session = keyed(n, spec=spec, keyholder=keyholder)
     options = CkksOptions(keyholder=keyholder)
     fresh = CkksClientSession(0, clients=range(n), options=options)
     empty = fresh.to_bytes()
@@ -611,13 +673,27 @@ def test_client_snapshots_are_parsed_strictly() -> None:
     other_snapshot = client_of(session, other).to_bytes()
     target = CkksClientSession(other, clients=range(3))
     target.load_bytes(other_snapshot)
+    keys = client_of(session, other).keys
+    assert keys is not None
+    params = keys.parameters.to_bytes()
+    agent_at = 1 + 4 + 4 + len(params)  # version, count, the parameters' blob, then the agent
+
+    def snapshot(*, version: int = 2, count: int = 1, parameters: bytes = params, agent_id: int = agent,
+                 flag: int = 0) -> bytes:
+        return (Writer().u8(version).u32(count).blob(parameters).u32(agent_id).blob(keys.public.data).u8(flag)
+                .finish())
+
+    assert snapshot() == other_snapshot
     broken = {
         "truncated": other_snapshot[:-1],
         "extended": other_snapshot + b"\x00",
-        "version": b"\x02" + other_snapshot[1:],
-        "key flag": other_snapshot[:1] + b"\x02" + other_snapshot[2:],
-        "secret flag": other_snapshot[:-1] + b"\x02",
-        "unknown agent": other_snapshot[:2] + (7).to_bytes(4, "big") + other_snapshot[6:],
+        "version": snapshot(version=1),
+        "count": snapshot(count=2),
+        "too many": snapshot(count=1000),
+        "parameters": snapshot(parameters=params[:-1]),
+        "secret flag": snapshot(flag=2),
+        "unknown agent": other_snapshot[:agent_at] + (7).to_bytes(4, "big") + other_snapshot[agent_at + 4 :],
+        "twice": Writer().u8(2).u32(2).raw(other_snapshot[5:] * 2).finish(),
         "empty": b"",
     }
     for name, data in broken.items():
@@ -628,10 +704,9 @@ def test_client_snapshots_are_parsed_strictly() -> None:
     with pytest.raises(PolicyError):
         target.load_bytes(agent_snapshot)
     # A secret key that does not belong to the public context is refused.
-    params = CkksOptions().parameters
-    _, foreign_secret = raw.generate(params)
-    public = client_of(session, agent).keys.public.data  # type: ignore[union-attr]
-    swapped = Writer().u8(1).u8(1).u32(agent).blob(public).u8(1).blob(foreign_secret).finish()
+    _, foreign_secret = raw.generate(keys.parameters)
+    public = keys.public.data
+    swapped = Writer().u8(2).u32(1).blob(params).u32(agent).blob(public).u8(1).blob(foreign_secret).finish()
     restored = CkksClientSession(agent, clients=range(3))
     with pytest.raises(ForeignKeyError):
         restored.load_bytes(swapped)
@@ -695,7 +770,7 @@ _FUZZ_SESSIONS: dict[str, tuple[SecureSum, int]] = {}
 def _fuzz_session(keyholder: str) -> tuple[SecureSum, int]:
     """One keyed harness per mode, reused (a failed sum leaves no state behind), and its message count."""
     if keyholder not in _FUZZ_SESSIONS:
-        session = keyed(3, keyholder=keyholder)
+        session = keyed(3, spec=FUZZ_SPEC, keyholder=keyholder)
         before = len(session.transcript)
         session.sum(FUZZ_VALUES, spec=FUZZ_SPEC)
         _FUZZ_SESSIONS[keyholder] = (session, len(session.transcript) - before)
@@ -734,6 +809,7 @@ def test_fuzzed_set_up_messages_raise_protocol_errors_and_never_a_wrong_sum(
     target, kind, pos, xor = mutation
     intercept, _ = _mutating(target % count, kind, pos, xor)
     session = make_sum("ckks", clients=[0, 1, 2], keyholder=keyholder, network=LocalNetwork(interceptor=intercept))
+    needs(session, FUZZ_SPEC)
     try:
         session.setup()
     except AbortedError:
@@ -757,13 +833,13 @@ def test_fuzzed_set_up_messages_raise_protocol_errors_and_never_a_wrong_sum(
 def test_every_set_up_message_is_counted_by_the_fuzzer() -> None:
     """The set-up fuzzer's message counts are the real ones (so every message can be mutated)."""
     for keyholder, expected in SETUP_MESSAGES.items():
-        session = keyed(3, keyholder=keyholder)
+        session = keyed(3, spec=FUZZ_SPEC, keyholder=keyholder)
         assert len(session.transcript) == expected
 
 
 def test_replayed_set_up_and_sum_messages_are_refused() -> None:
     """A party that already took a stage's message refuses it again (and stays consistent)."""
-    session = keyed(2)
+    session = keyed(2, spec=VectorSpec(length=4, summands=2, **FLOAT))
     agent = agent_of(session)
     captured: list[Envelope] = []
 
@@ -782,3 +858,215 @@ def test_replayed_set_up_and_sum_messages_are_refused() -> None:
     with pytest.raises(StageError):
         party.receive(aggregate)
     assert party.result is result
+
+
+# --- parameters derived from the spec, error bounds, targets -----------------------------------
+
+def test_security_table_is_the_standards_and_seals() -> None:
+    """HomomorphicEncryption.org's 128-bit table, as SEAL enforces it."""
+    sealapi = pytest.importorskip("tenseal.sealapi")
+    assert seal.MAX_COEFF_BITS_128 == {
+        n: sealapi.CoeffModulus.MaxBitCount(n, sealapi.SEC_LEVEL_TYPE.TC128) for n in seal.MAX_COEFF_BITS_128}
+    assert seal.MAX_COEFF_BITS_128[4096] == 109 and seal.MAX_COEFF_BITS_128[8192] == 218
+
+
+CASES = [(100, 2**16, False), (100, 2**16, True), (100, 2**26, False), (10, 1, False), (1000, 2**26, True),
+         (3, 2**33, False)]
+
+
+@pytest.mark.parametrize(("summands", "entry_max", "symmetric"), CASES)
+def test_derived_parameters_are_the_smallest_that_carry_the_sum(summands: int, entry_max: int,
+                                                                 symmetric: bool) -> None:
+    params = raw.derive(summands=summands, entry_max=entry_max, symmetric=symmetric)
+    raw.check_capacity(params, summands, entry_max, symmetric=symmetric)
+    n = params.poly_modulus_degree
+    assert sum(params.coeff_mod_bit_sizes) <= seal.MAX_COEFF_BITS_128[n]
+    # No smaller ring keeps 128-bit security and the bound...
+    if n > min(seal.RINGS):
+        with pytest.raises(CapacityError):
+            raw.derive(summands=summands, entry_max=entry_max, symmetric=symmetric, ring=n // 2)
+    # ...and in this ring no smaller data modulus does, at any scale.
+    data, special = params.data_bits, params.special_bits
+    if data > seal.MIN_PRIME_BITS:
+        for scale in range(1, min(data - 2, 61)):
+            smaller = raw.CkksParameters(n, (*seal.split_bits(data - 1), special), scale)
+            with pytest.raises(CapacityError):
+                raw.check_capacity(smaller, summands, entry_max, symmetric=symmetric)
+
+
+def test_what_no_parameters_carry_is_refused_clearly() -> None:
+    with pytest.raises(CapacityError, match="128-bit security"):
+        raw.derive(summands=100, entry_max=2**41, symmetric=False)
+    spec = VectorSpec(length=3, summands=100, kind="int", bound=2**41)
+    with pytest.raises(CapacityError, match="cannot sum 100 entries"):
+        make_sum("ckks", clients=list(range(100))).sum({0: np.zeros(3)}, spec=spec)
+    with pytest.raises(CapacityError):  # a fixed parameter set refuses what it cannot carry
+        CkksOptions(**LEGACY_OPTIONS).parameters_for(VectorSpec(length=1, summands=10**4, kind="int", bound=2**30))
+
+
+def test_targets_integer_counts_through_ckks_exact_in_at_most_25_bytes_per_value() -> None:
+    """Counts up to 2**16 from 100 clients: exact, <= 25 bytes per value on the wire (from 81)."""
+    n, d = 100, 8192
+    spec = VectorSpec(length=d, summands=n, kind="int", bound=2**16)
+    rng = np.random.default_rng(21)
+    values = {i: rng.integers(0, 2**16 + 1, d) for i in range(n)}
+    values[0][:] = 2**16  # the largest sum occurs
+    session = make_sum("ckks", clients=list(range(n)))
+    out = session.sum(values, spec=spec)
+    assert np.array_equal(out.total, np.sum(list(values.values()), axis=0).astype(float))
+    agent = agent_of(session)
+    per_value = {e.sender: e.bytes / d for e in session.transcript.select(run_id=out.run_id) if e.stage == "upload"}
+    public_key = [b for pid, b in per_value.items() if pid != agent]
+    assert max(public_key) <= 25 and per_value[agent] <= 0.55 * max(public_key)
+    print(f"\ncounts 2**16 x 100 clients: {params_of(session, spec)}; {np.median(public_key):.2f} B/value "
+          f"(public key), {per_value[agent]:.2f} B/value (seeded, the agent)")
+
+
+@pytest.mark.parametrize("keyholder", ["agent", "all"])
+def test_targets_model_updates_at_the_runtimes_precision_in_at_most_40_bytes_per_value(keyholder: str) -> None:
+    """Updates clipped to 1.0 at 2**-24 resolution (the runtime's defaults), 100 summands."""
+    d = 2 * 4096
+    spec = VectorSpec(length=d, summands=100, kind="float", signed=True, bound=1.0, frac_bits=24)
+    values = inputs(3, d, seed=22)
+    session = make_sum("ckks", clients=[0, 1, 2], keyholder=keyholder)
+    out = session.sum(values, spec=spec, reveal=Reveal(server=True, clients=False))
+    assert np.array_equal(out.total, plain_total(values, spec))
+    assert server_of(session).error_bound(spec, 100) * spec.scale <= raw.ROUNDING_MARGIN
+    uploads = [e.bytes / d for e in session.transcript.select(run_id=out.run_id) if e.stage == "upload"]
+    assert max(uploads) <= 40
+    print(f"\nupdates 2**-24, 100 summands, {keyholder}: {params_of(session, spec)}; "
+          f"{[round(b, 2) for b in uploads]} B/value")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(summands=st.integers(1, 300), entry_bits=st.integers(0, 28), symmetric=st.booleans(), data=st.data())
+def test_measured_errors_never_exceed_the_computed_bound(summands: int, entry_bits: int, symmetric: bool,
+                                                         data: st.DataObject) -> None:
+    """The bound holds for sums of ``summands`` fresh encryptions under the parameters derived
+    for them, with entries anywhere in [0, entry_max] (the extremes included)."""
+    entry_max = 2**entry_bits
+    params = raw.derive(summands=summands, entry_max=entry_max, symmetric=symmetric)
+    public_bytes, secret_bytes = raw.generate(params)
+    public = raw.PublicContext(public_bytes, params)
+    secret = raw.SecretContext(secret_bytes, public)
+    contributors = data.draw(st.integers(1, min(summands, 12)), label="contributors")
+    length = params.poly_modulus_degree
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32), label="seed"))
+    total = np.zeros(length)
+    accumulator = None
+    for i in range(contributors):
+        vector = rng.integers(0, entry_max + 1, length).astype(np.float64)
+        vector[: 2 * (i + 1)] = entry_max if i % 2 == 0 else 0.0
+        total += vector
+        streams = secret.encrypt(vector) if symmetric else public.encrypt(vector)
+        loaded = [public.load(s, length, seeded=symmetric) for s in streams]
+        if accumulator is None:
+            accumulator = loaded
+        else:
+            public.add_into(accumulator, loaded)
+    assert accumulator is not None
+    decrypted = secret.decrypt([public.dump(v) for v in accumulator], [length])
+    error = float(np.max(np.abs(decrypted - total)))
+    bound = params.error_bound(contributors, float(contributors * entry_max), symmetric=symmetric)
+    assert error <= bound <= raw.ROUNDING_MARGIN
+    assert np.array_equal(np.rint(decrypted), total)  # so integer statistics round exactly
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 6), kind=st.sampled_from(["int", "float"]), signed=st.booleans(),
+       bound=st.integers(1, 2**12), frac_bits=st.integers(0, 26), keyholder=st.sampled_from(["agent", "all"]),
+       seed=st.integers(0, 2**32))
+def test_sums_through_the_protocol_are_exact_and_within_the_stated_bound(
+        n: int, kind: str, signed: bool, bound: int, frac_bits: int, keyholder: str, seed: int) -> None:
+    spec = VectorSpec(length=37, summands=n, kind=kind, signed=signed, bound=float(bound),  # type: ignore[arg-type]
+                      frac_bits=frac_bits)
+    rng = np.random.default_rng(seed)
+    low = -bound if signed else 0
+    values = {i: (rng.integers(low, bound + 1, 37) if kind == "int" else rng.uniform(low, bound, 37))
+              for i in range(n)}
+    values[0][0] = bound
+    session = make_sum("ckks", clients=list(range(n)), keyholder=keyholder)
+    try:
+        out = session.sum(values, spec=spec)
+    except CapacityError:
+        return  # refused up front, never rounded wrongly
+    assert np.array_equal(out.total, plain_total(values, spec))
+    errors = decryption_errors(session)
+    assert errors and max(errors) <= server_of(session).error_bound(spec, n) * spec.scale <= raw.ROUNDING_MARGIN
+
+
+def test_each_parameter_set_gets_its_own_key_set_lazily_and_snapshots_keep_them_all() -> None:
+    counts = VectorSpec(length=10, summands=3, kind="int", bound=10)
+    updates = VectorSpec(length=10, summands=3, **FLOAT, frac_bits=24)
+    assert CkksOptions().parameters_for(counts) != CkksOptions().parameters_for(updates)
+    session = make_sum("ckks", clients=[0, 1, 2])
+    rng = np.random.default_rng(23)
+    ints = {i: rng.integers(0, 11, 10) for i in range(3)}
+    floats = inputs(3, 10, seed=23)
+    assert np.array_equal(session.sum(ints, spec=counts).total, plain_total(ints, counts))
+    assert np.array_equal(session.sum(floats, spec=updates).total, plain_total(floats, updates))
+    assert np.array_equal(session.sum(ints, spec=counts).total, plain_total(ints, counts))
+    contexts = [e for e in session.transcript if e.stage == "context" and e.receiver == SERVER]
+    assert len(contexts) == 2 and len(server_of(session).keysets) == 2  # the third sum set nothing up
+    assert set(server_of(session).keysets) == {params_of(session, counts), params_of(session, updates)}
+    for pid in range(3):
+        snapshot = client_of(session, pid).to_bytes()
+        restored = CkksClientSession(pid, clients=range(3))
+        restored.load_bytes(snapshot)
+        assert restored.to_bytes() == snapshot and set(restored.keysets) == set(server_of(session).keysets)
+        session.sessions[pid] = restored
+        session.endpoints[pid].sessions[("ckks", "")] = restored
+    assert np.array_equal(session.sum(floats, spec=updates).total, plain_total(floats, updates))
+
+
+def test_the_open_carries_the_chosen_parameters() -> None:
+    spec = VectorSpec(length=6, summands=4, kind="int", bound=2**16)
+    opened: list[bytes] = []
+
+    def record(data: bytes, message: Message) -> bytes:
+        env = message.envelope
+        if env is not None and env.stage == OPEN and message.label.statistic == "counts":
+            opened.append(env.payload)
+        return data
+
+    session = make_sum("ckks", clients=[0, 1, 2, 3], network=LocalNetwork(interceptor=record))
+    values = {i: np.full(6, 2**16) for i in range(4)}
+    out = session.sum(values, spec=spec, statistic="counts")
+    assert np.array_equal(out.total, np.full(6, 4 * 2**16))
+    assert opened
+    for payload in opened:
+        request = SumRequest.from_bytes(payload, clients=(0, 1, 2, 3))
+        run = SumParams.from_bytes(request.params)
+        assert raw.CkksParameters.from_bytes(run.parameters) == params_of(session, spec)
+    assert server_of(session).public_parameters(spec) == {
+        "poly_modulus_degree": params_of(session, spec).poly_modulus_degree,
+        "coeff_mod_bit_sizes": list(params_of(session, spec).coeff_mod_bit_sizes),
+        "scale_bits": params_of(session, spec).scale_bits, "ciphertexts": 1}
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_each_sender_uploads_the_form_its_key_allows_and_nothing_else(symmetric: bool) -> None:
+    """Key holders send seeded (secret-key) ciphertexts, the others full ones; the server takes
+    exactly that form from each (with ``symmetric=False`` every upload is a full one)."""
+    n, d = 4, 9
+    spec = VectorSpec(length=d, summands=n, **FLOAT)
+    session = keyed(n, spec=spec, symmetric=symmetric)
+    agent = agent_of(session)
+    keys = client_of(session, agent).keys
+    assert keys is not None and keys.secret is not None
+    values = inputs(n, d, seed=24)
+    out = session.sum(values, spec=spec)
+    sizes = {e.sender: e.bytes for e in session.transcript.select(run_id=out.run_id) if e.stage == "upload"}
+    other = next(p for p in range(n) if p != agent)
+    assert (sizes[agent] < 0.6 * sizes[other]) == symmetric
+    encoded = np.zeros(d)
+    seeded = _write_ciphertexts(Writer(), keys.public, keys.secret.encrypt(encoded))
+    full = _write_ciphertexts(Writer(), keys.public, keys.public.encrypt(encoded))
+    swaps = [(other, seeded)] + ([(agent, full)] if symmetric else [])
+    for victim, payload in swaps:
+        session.network.interceptor = rewrite(victim, Stage.UPLOAD, lambda _, p=payload: p)
+        out = session.sum(values, spec=spec)
+        assert len(out.rejected) == 1 and out.rejected[0].startswith("WireError"), out.rejected
+        assert out.contributors == tuple(p for p in range(n) if p != victim)
+        assert np.array_equal(out.total, plain_total({p: values[p] for p in out.contributors}, spec))
+    session.network.interceptor = None

@@ -176,3 +176,14 @@ def test_every_experiment_config_validates(path: Path) -> None:
     assert experiment.runs
     for run in experiment.runs:
         assert run.train.rounds >= 1 and run.data.num_clients >= 1
+
+
+def test_bfv_is_a_protocol_configs_can_pick_per_statistic() -> None:
+    """Protocol names come from the descriptors: ``bfv`` needs no entry of its own in the config code."""
+    text = BASE + ('[secure]\nprotocol = "plain"\nupdate_protocol = "ckks"\n[secure.statistics]\ntotal_samples = "bfv"\n'
+                   '[secure.bfv]\nkeyholder = "all"\n[secure.ckks]\npoly_modulus_degree = 8192\n')
+    (run,) = parse_config(text).runs
+    assert run.secure.statistics == {"total_samples": "bfv"} and run.secure.update_protocol == "ckks"
+    assert run.secure.options == {"bfv": {"keyholder": "all"}, "ckks": {"poly_modulus_degree": 8192}}
+    assert "secure.bfv" in error(BASE + '[secure.bfv]\nplain_modulus = 65537\n')  # a half-fixed parameter set
+    assert "secure.bfv.ring" in error(BASE + '[secure.bfv]\nring = 4096\n')

@@ -1,0 +1,529 @@
+"""The secure sum of the SEAL-based protocols, ``ckks`` and ``bfv``, with a client as key holder.
+
+One implementation, two schemes (:mod:`protocols.ckks`, :mod:`protocols.bfv` supply a
+:class:`SumScheme` and their options). Roles, as for :mod:`protocols.paillier`: clients encrypt;
+the server only adds ciphertexts, holding *public contexts* (parameters and public key — no
+secret key, no Galois or relinearisation keys, which a sum does not need); the key holder
+decrypts. Key holder modes:
+
+* ``agent`` (default): one client, picked with ``secrets``, generates the keys and decrypts
+  the aggregate; it releases the sum through the server, so the server learns the sum (only
+  for statistics the server may learn);
+* ``all``: the agent shares the secret key with every client over sealed channels relayed by
+  the server; the server relays the aggregate ciphertexts to the run's contributors, each of
+  which decrypts it itself, so the server learns the sum only if asked.
+
+There is no server-held key mode: these protocols exist to keep inputs from the server.
+
+**Parameters from the spec, one key set per parameter set.** Every sum's parameters (ring,
+modulus chain, CKKS scale or BFV plaintext modulus) are a public function of its
+:class:`~protocols.encoding.VectorSpec` and the protocol options
+(:meth:`SealOptions.parameters_for`): the smallest that carry the sum exactly at 128-bit
+security, or fixed ones the options name. Server and clients derive them each on its own; a
+sum's ``open`` carries them (so they are in the transcript), and a client refuses a run under
+other parameters than it derives. Keys belong to one parameter set: :meth:`SealServerSession.check`
+notes the parameter set a sum needs, and :meth:`SealServerSession.setup` runs the key set-up
+(:mod:`protocols.seal_setup`, messages between the parties) for the first one that has no keys
+yet — lazily, so a run sets up exactly the key sets its statistics need.
+
+**A sum**, one exchange per stage: ``open`` goes to the participants (and the agent in agent
+mode); participants answer ``upload``. The server adds the ciphertexts and sends ``aggregate``
+to the decryptors (the agent; or with a shared key the contributors, or only the releaser when
+clients are not to learn the sum). The releaser answers ``result`` (the encoded sum), and in
+agent mode the server relays it to the other contributors when clients are to learn it.
+Results and aggregates reach the run's participants only.
+
+**Uploads.** A vector of length ``d`` becomes ``ceil(d / N)`` ciphertexts (CKKS packs two
+entries per complex slot, BFV one per slot). A client that holds the secret key (every client
+with ``keyholder="all"``; the agent) encrypts with it unless the options say
+``symmetric=False``: a fresh symmetric-key ciphertext travels *seeded*, half the bytes of a
+public-key one, and carries less noise. The server knows who holds the key, so it expects
+exactly the seeded form from them and the full form from the others. An upload is the key
+fingerprint, a count, and per ciphertext a 4-byte length and SEAL's serialisation, plus a
+16-byte checksum (:mod:`protocols.seal_messages`).
+
+**Exact sums.** Clients encrypt their *encoded* entries (the integers of
+:func:`~protocols.encoding.encode`, in ``[0, entry_max]``). CKKS: the key holder decrypts
+``sum + e`` with ``|e| <= eps`` (:meth:`~protocols.primitives.ckks.CkksParameters.error_bound`)
+and rounds; parameters keep ``eps <= 1/4``, so the result is the exact encoded sum, and a
+decryption farther from the integers than ``eps`` means a corrupted or foreign aggregate and is
+refused. Rounding also means what the key holder releases is a function of the inputs alone
+(no decryption noise reaches the server: IND-CPA-D, Li–Micciancio). BFV: the plaintext
+modulus exceeds every possible sum, the data modulus its worst-case noise, and an aggregate
+whose noise budget is below an honest one's is refused. Either way the decoded sum is bit for
+bit the one ``plain``, ``paillier`` and ``masking`` produce.
+
+**Integrity.** Every upload carries a key fingerprint (SHA-256 of the public context), checked
+before anything is parsed; a ciphertext under another key set is refused with
+:class:`~protocols.errors.ForeignKeyError`. Ciphertext and result payloads end with a checksum
+that catches corruption in transit; it is not authentication — ciphertexts are malleable, so
+authenticity is the transport's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import secrets
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .base import Outgoing, Party, Reveal, ServerParty, StageGate
+from .encoding import VectorSpec, decode_sum
+from .errors import (
+    AbortedError,
+    EncodingError,
+    ForeignKeyError,
+    PolicyError,
+    StageError,
+    WireError,
+)
+from .primitives import seal as raw
+from .seal_messages import (
+    KEYHOLDERS,
+    MAX_CONTEXT,
+    MAX_PARAMS,
+    SetupParams,
+    Stage,
+    SumParams,
+    aggregate_for,
+    read_aggregate,
+    read_result,
+    read_upload,
+    request_digest,
+    write_aggregate,
+    write_result,
+    write_upload,
+)
+from .seal_setup import ClientKeys, Scheme, SetupClient, SetupServer
+from .session import ClientSession, ServerSession, SumRequest, as_encoded
+from .transcript import Exposure
+from .wire import SERVER, Envelope, PartyId, Reader, Writer
+
+__all__ = [
+    "MAX_KEYSETS", "ClientKeys", "Decryption", "Keyholder", "SealClient", "SealClientSession", "SealOptions",
+    "SealServer", "SealServerSession", "Stage", "SumScheme",
+]
+
+Keyholder = Literal["agent", "all"]
+MAX_KEYSETS = 32
+"""Key sets a client keeps at once; a set-up for one more is refused (``PolicyError``)."""
+_SNAPSHOT_VERSION = 2
+
+
+class SealOptions:
+    """What both schemes' frozen options provide (mixed into ``CkksOptions``, ``BfvOptions``)."""
+
+    keyholder: Keyholder
+    symmetric: bool
+
+    def _check_common(self) -> None:
+        if self.keyholder not in KEYHOLDERS:
+            raise ValueError(f"keyholder must be 'agent' or 'all', got {self.keyholder!r}")
+        if not isinstance(self.symmetric, bool):
+            raise TypeError(f"symmetric must be true or false, got {self.symmetric!r}")
+
+    @property
+    def all_symmetric(self) -> bool:
+        """Every upload is a secret-key encryption (every client holds the key and uses it)."""
+        return self.symmetric and self.keyholder == "all"
+
+    @property
+    def fixed(self) -> raw.SealParameters | None:
+        """The one parameter set the options name, or ``None`` when each spec gets its own."""
+        return None
+
+    @abstractmethod
+    def parameters_for(self, spec: VectorSpec) -> raw.SealParameters:
+        """The public parameters of a sum of ``spec`` (``CapacityError`` when none carry it exactly)."""
+
+    @abstractmethod
+    def parse_parameters(self, data: bytes) -> raw.SealParameters:
+        """Strictly parsed parameters (``WireError`` otherwise)."""
+
+    def accept(self, parameters: raw.SealParameters) -> None:
+        """Refuse keys for a parameter set these options never use."""
+        if self.fixed is not None and parameters != self.fixed:
+            raise ForeignKeyError(f"set-up asks for other parameters ({parameters}) than this client's ({self.fixed})")
+
+
+@dataclass(frozen=True)
+class Decryption:
+    """A key holder's decrypted aggregate: the exact encoded sum, and what it measured."""
+
+    encoded_sum: npt.NDArray[np.uint64]
+    error: float | None = None
+    """CKKS: largest distance of a decrypted entry from its integer (the error actually met)."""
+    budget: int | None = None
+    """BFV: smallest invariant noise budget (bits) of the aggregate's ciphertexts."""
+
+
+@dataclass(frozen=True)
+class SumScheme(Scheme):
+    """A scheme's sum: how a key holder turns a decrypted aggregate into the exact encoded sum."""
+
+    decrypt_sum: Callable[[Any, list[bytes], list[int], Any, VectorSpec, int, bool], Decryption]
+    """``(secret, streams, sizes, parameters, spec, contributors, all_symmetric)``: refuses
+    (``CiphertextError``) what an honest aggregate of ``contributors`` cannot decrypt to."""
+
+
+def _decoded(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors: int) -> npt.NDArray[np.float64]:
+    try:
+        return decode_sum(spec, encoded_sum, contributors=contributors)
+    except EncodingError as error:
+        raise WireError(f"released sum is impossible: {error}") from error
+
+
+# --- parties of one sum -------------------------------------------------------------------------
+
+class SealClient(Party):
+    """A client's side of one sum: upload, and decrypt the aggregate when it holds the key."""
+
+    def __init__(self, party_id: PartyId, *, scheme: SumScheme, run_id: bytes, spec: VectorSpec,
+                 params: raw.SealParameters, keys: ClientKeys, encoded: npt.NDArray[np.uint64] | None,
+                 clients: tuple[PartyId, ...], symmetric: bool, all_symmetric: bool) -> None:
+        super().__init__(party_id)
+        self.scheme, self.run_id, self.spec, self.params, self.keys = scheme, run_id, spec, params, keys
+        self.encoded, self.clients = encoded, clients
+        self.symmetric, self.all_symmetric = symmetric, all_symmetric
+        self.sizes = params.chunk_sizes(spec.length)
+        self.decryption_error: float | None = None
+        """CKKS: largest distance of a decrypted entry from its integer, i.e. the error actually met."""
+        self.noise_budget: int | None = None
+        """BFV: the smallest invariant noise budget (bits) among the aggregate's ciphertexts."""
+        self.gate = StageGate(run_id, scheme.protocol, party_id)
+        # A key holder learns the sum by decrypting, never from a released one it cannot check.
+        self.gate.open = {Stage.AGGREGATE} if keys.secret is not None else {Stage.RESULT}
+
+    def start(self) -> list[Outgoing]:
+        if self.encoded is None:
+            return []
+        secret = self.keys.secret
+        with self.timed("upload"):
+            streams = (secret.encrypt(self.encoded) if self.symmetric and secret is not None
+                       else self.keys.public.encrypt(self.encoded))
+            payload = write_upload(self.keys.public, streams)
+        env = Envelope(self.scheme.protocol, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
+        return [Outgoing(env, Exposure.ciphertext(self.spec.length, self.party_id))]
+
+    def receive(self, env: Envelope) -> list[Outgoing]:
+        self.gate.check(env, allowed_senders=[SERVER])
+        if env.stage == Stage.AGGREGATE:
+            return self._decrypt_aggregate(env)
+        released = read_result(env.payload, self.spec, self.clients)
+        result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
+        self.gate.record(env)
+        self.gate.open = set()
+        self.result, self.contributors = result, released.contributors
+        return []
+
+    def _decrypt_aggregate(self, env: Envelope) -> list[Outgoing]:
+        release, contributors, streams = read_aggregate(env.payload, self.keys.public, self.spec, self.clients,
+                                                        len(self.sizes))
+        secret = self.keys.secret
+        assert secret is not None  # AGGREGATE opens only at a client holding the key
+        with self.timed("finalize"):
+            decryption = self.scheme.decrypt_sum(secret, streams, self.sizes, self.params, self.spec,
+                                                 len(contributors), self.all_symmetric)
+            result = _decoded(self.spec, decryption.encoded_sum, len(contributors))
+        self.gate.record(env)
+        self.gate.open = set()
+        self.result, self.contributors = result, contributors
+        self.decryption_error, self.noise_budget = decryption.error, decryption.budget
+        if not release:
+            return []
+        out = Envelope(self.scheme.protocol, Stage.RESULT, self.run_id, self.party_id, SERVER,
+                       write_result(contributors, decryption.encoded_sum, self.clients))
+        return [Outgoing(out, Exposure.aggregate(len(contributors), self.spec.length))]
+
+
+class SealServer(ServerParty):
+    """The server's side of one sum: add ciphertexts, hand the aggregate to the decryptors,
+    and (agent mode) relay the released sum to the contributors."""
+
+    def __init__(self, *, scheme: SumScheme, run_id: bytes, request: SumRequest, clients: tuple[PartyId, ...],
+                 context: raw.PublicKeys, agent: PartyId, shared: bool, symmetric: bool) -> None:
+        audience = request.participants if shared else (*request.participants, agent)
+        super().__init__(protocol=scheme.protocol, run_id=run_id, request=request, clients=clients,
+                         audience=audience)
+        assert request.spec is not None
+        self.spec, self.reveal, self.participants = request.spec, request.reveal, request.participants
+        self.context, self.agent, self.shared, self.symmetric = context, agent, shared, symmetric
+        self.sizes = context.params.chunk_sizes(self.spec.length)
+        self.releaser: PartyId | None = None
+        self.decryptors: tuple[PartyId, ...] = ()
+        self.gate = StageGate(run_id, scheme.protocol, SERVER)
+        self.gate.open = {Stage.UPLOAD}
+        self.aggregate: list[raw.TenSealVector] | None = None
+        self.stage = Stage.UPLOAD
+
+    def seeded(self, sender: PartyId) -> bool:
+        """Whether ``sender``'s upload is a seeded (secret-key) encryption: it holds the key."""
+        return self.symmetric and (self.shared or sender == self.agent)
+
+    def receive(self, env: Envelope) -> list[Outgoing]:
+        if env.stage == Stage.UPLOAD:
+            self.gate.check(env, allowed_senders=self.participants)
+            seeded = self.seeded(env.sender)
+            with self.timed("aggregate"):
+                streams = read_upload(env.payload, self.context, len(self.sizes))
+                vectors = [self.context.load(s, size, seeded=seeded) for s, size in zip(streams, self.sizes, strict=True)]
+                if self.aggregate is None:
+                    self.aggregate = vectors
+                else:
+                    self.context.add_into(self.aggregate, vectors)
+            self.gate.record(env)
+            self.contributors = tuple(sorted(self.gate.senders(Stage.UPLOAD)))
+            return []
+        self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
+        released = read_result(env.payload, self.spec, self.clients)
+        if released.contributors != self.contributors:
+            raise StageError("the key holder released a sum over other contributors than were aggregated")
+        result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
+        self.gate.record(env)
+        self.gate.open = set()
+        self.result = result
+        self.finished = True
+        waiting = [pid for pid in self.contributors if pid not in self.decryptors] if self.reveal.clients else []
+        payload = write_result(self.contributors, released.encoded_sum, self.clients)
+        exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
+        return [Outgoing(Envelope(self.protocol, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
+                for pid in waiting]
+
+    def advance(self) -> list[Outgoing]:
+        if self.stage != Stage.UPLOAD:
+            raise AbortedError("the key holder did not release the sum (lost or refused)")
+        if self.aggregate is None:
+            raise AbortedError("no client uploaded")
+        self.stage = Stage.AGGREGATE
+        self.gate.open = set()
+        # The agent decrypts and releases (a lost agent aborts the run). With a shared key the
+        # contributors decrypt, or only the releaser when the clients are not to learn the sum;
+        # the first contributor releases it when the server is to learn it.
+        if not self.shared:
+            self.decryptors, self.releaser = (self.agent,), self.agent
+        else:
+            first = self.contributors[0]
+            self.decryptors = self.contributors if self.reveal.clients else (first,)
+            self.releaser = first if self.reveal.server else None
+        body = write_aggregate(self.context, self.contributors, self.clients,
+                               [self.context.dump(v) for v in self.aggregate])
+        exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
+        out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
+                                 aggregate_for(body, release=pid == self.releaser)), exposure)
+               for pid in self.decryptors]
+        if self.releaser is not None:
+            self.gate.open = {Stage.RESULT}
+        else:
+            self.finished = True
+        return out
+
+
+# --- sessions -----------------------------------------------------------------------------------
+
+class SealServerSession(ServerSession):
+    """The server's long-lived state: per parameter set, its own copy of the public context and
+    that key set's agent; and which parameter sets the sums checked so far need."""
+
+    scheme: ClassVar[SumScheme]
+    options_class: ClassVar[type[Any]]
+
+    def __init__(self, *, clients: Any, options: Any = None) -> None:
+        super().__init__(clients=clients, options=self._options(options))
+        self.options: SealOptions
+        self.keysets: dict[raw.SealParameters, tuple[raw.PublicKeys, PartyId]] = {}
+        self._needed: dict[raw.SealParameters, None] = {}
+        if self.options.fixed is not None:
+            self._needed[self.options.fixed] = None
+        self._latest: raw.SealParameters | None = None
+
+    @classmethod
+    def _options(cls, options: Any) -> Any:
+        return _coerce(cls.name, cls.options_class, options)
+
+    @property
+    def ready(self) -> bool:
+        """Every parameter set a checked sum needs has its keys."""
+        return all(params in self.keysets for params in self._needed)
+
+    @property
+    def agent(self) -> PartyId | None:
+        """The agent of the latest key set (``keyset(params)`` for a given one)."""
+        return None if self._latest is None else self.keysets[self._latest][1]
+
+    @property
+    def context(self) -> raw.PublicKeys | None:
+        """The public context of the latest key set."""
+        return None if self._latest is None else self.keysets[self._latest][0]
+
+    @property
+    def fingerprint(self) -> bytes | None:
+        context = self.context
+        return None if context is None else context.fingerprint
+
+    def keyset(self, params: raw.SealParameters) -> tuple[raw.PublicKeys, PartyId] | None:
+        return self.keysets.get(params)
+
+    def setup(self, *, run_id: bytes, round: int = -1, statistic: str = "setup") -> ServerParty | None:
+        """The set-up run of the first needed parameter set without keys (its agent picked with
+        ``secrets``); ``None`` when every needed one has keys."""
+        missing = next((p for p in self._needed if p not in self.keysets), None)
+        if missing is None:
+            return None
+        params: SetupParams[Any] = SetupParams(secrets.choice(self.clients), self.options.keyholder, missing)
+        request = SumRequest(kind="setup", statistic=statistic, round=round, spec=None, reveal=Reveal(),
+                             participants=self.clients, params=params.to_bytes(), session=self.tag)
+        return SetupServer(scheme=self.scheme, run_id=run_id, request=request, clients=self.clients,
+                           params=params, on_done=self._install)
+
+    def _install(self, context: raw.PublicKeys, agent: PartyId) -> None:
+        self.keysets[context.params] = (context, agent)
+        self._latest = context.params
+
+    def parameters(self, spec: VectorSpec) -> raw.SealParameters:
+        """The public parameters of a sum of ``spec`` (what every client derives too)."""
+        return self.options.parameters_for(spec)
+
+    def public_parameters(self, spec: VectorSpec) -> dict[str, Any]:
+        """The chosen parameters of a sum of ``spec``, as plain data (reports, ``sum --json``)."""
+        params = self.parameters(spec)
+        out = {name: list(value) if isinstance(value, tuple) else value for name, value in vars(params).items()}
+        out["ciphertexts"] = params.chunks(spec.length)
+        return out
+
+    def check(self, *, spec: VectorSpec, reveal: Reveal) -> None:
+        if self.options.keyholder == "agent" and not reveal.server:
+            raise ValueError("keyholder='agent' releases sums through the server; use keyholder='all' "
+                             "for a sum the server must not learn")
+        self._needed[self.parameters(spec)] = None
+
+    def open(self, *, run_id: bytes, request: SumRequest) -> ServerParty:
+        if request.kind != "sum" or request.spec is None:
+            raise ValueError(f"{self.name.upper()} runs sums (its set-up comes from setup())")
+        self.check(spec=request.spec, reveal=request.reveal)
+        params = self.parameters(request.spec)
+        keyset = self.keysets.get(params)
+        if keyset is None:
+            raise AbortedError(f"no {self.name.upper()} keys for {params}: run the set-up first")
+        context, agent = keyset
+        request = dataclasses.replace(request, session=self.tag)
+        run = SumParams(params.to_bytes(), context.fingerprint, agent, request_digest(self.name, request, self.clients))
+        request = dataclasses.replace(request, params=run.to_bytes())
+        return SealServer(scheme=self.scheme, run_id=run_id, request=request, clients=self.clients, context=context,
+                          agent=agent, shared=self.options.keyholder == "all", symmetric=self.options.symmetric)
+
+    def tolerance(self, spec: VectorSpec, contributors: int) -> float:
+        """Encoding rounding only, ``n * 2**-(frac_bits+1)`` (0 for integers): the decrypted sum is
+        the exact encoded sum (raises ``CapacityError`` for a spec no parameters carry exactly)."""
+        self.parameters(spec)
+        return super().tolerance(spec, contributors)
+
+
+class SealClientSession(ClientSession):
+    """One client's long-lived state: the key sets it received or made, its own objects only."""
+
+    scheme: ClassVar[SumScheme]
+    options_class: ClassVar[type[Any]]
+    client_party: ClassVar[type[SealClient]] = SealClient
+
+    def __init__(self, party: PartyId, *, clients: Any, options: Any = None) -> None:
+        super().__init__(party, clients=clients, options=_coerce(self.name, self.options_class, options))
+        self.options: SealOptions
+        self.keysets: dict[raw.SealParameters, ClientKeys] = {}
+
+    @property
+    def keys(self) -> ClientKeys | None:
+        """The latest key set installed (``keysets`` holds them all, by parameter set)."""
+        return next(reversed(self.keysets.values()), None)
+
+    def _install(self, keys: ClientKeys) -> None:
+        self.keysets.pop(keys.parameters, None)
+        self.keysets[keys.parameters] = keys
+
+    def join(self, *, run_id: bytes, request: SumRequest, values: npt.NDArray[Any] | None) -> Party:
+        if request.kind == "setup":
+            params: SetupParams[Any] = SetupParams.from_bytes(
+                request.params, clients=self.clients, keyholder=self.options.keyholder,
+                parse=self.options.parse_parameters, accept=self.options.accept)
+            if params.parameters not in self.keysets and len(self.keysets) >= MAX_KEYSETS:
+                raise PolicyError(f"this client keeps at most {MAX_KEYSETS} key sets")
+            return SetupClient(self.party_id, scheme=self.scheme, run_id=run_id, params=params, clients=self.clients,
+                               install=self._install)
+        if request.kind != "sum" or request.spec is None:
+            raise WireError(f"{self.name.upper()} has no {request.kind!r} runs")
+        run = SumParams.from_bytes(request.params)
+        params_of_run = self.options.parse_parameters(run.parameters)
+        derived = self.options.parameters_for(request.spec)
+        if params_of_run != derived:
+            raise ForeignKeyError(f"the run asks for {params_of_run}; this client derives {derived} for its spec")
+        keys = self.keysets.get(derived)
+        if keys is None:
+            raise StageError(f"no keys for {derived} here: the set-up did not reach this client")
+        if run.fingerprint != keys.public.fingerprint:
+            raise ForeignKeyError("the run is under other keys than this client holds for its parameters")
+        if run.agent != keys.agent:
+            raise StageError(f"the run names agent {run.agent}, this client's keys came from {keys.agent}")
+        if not hmac.compare_digest(run.request_digest, request_digest(self.name, request, self.clients)):
+            raise WireError("the run's request does not match its digest (altered in transit)")
+        return self.client_party(
+            self.party_id, scheme=self.scheme, run_id=run_id, spec=request.spec, params=derived, keys=keys,
+            encoded=as_encoded(values, request.spec), clients=self.clients, symmetric=self.options.symmetric,
+            all_symmetric=self.options.all_symmetric)
+
+    def to_bytes(self) -> bytes:
+        """Version, then per key set (oldest first): its parameters, the agent, the public context
+        and the secret key if held."""
+        writer = Writer().u8(_SNAPSHOT_VERSION).u32(len(self.keysets))
+        for params, keys in self.keysets.items():
+            writer.blob(params.to_bytes()).u32(keys.agent).blob(keys.public.data)
+            if keys.secret_bytes is None:
+                writer.u8(0)
+            else:
+                writer.u8(1).blob(keys.secret_bytes)
+        return writer.finish()
+
+    def load_bytes(self, data: bytes) -> None:
+        """Restore :meth:`to_bytes`, reloading (so revalidating) every key; nothing changes on error."""
+        reader = Reader(data)
+        if reader.u8() != _SNAPSHOT_VERSION:
+            raise WireError(f"unknown {self.name.upper()} client snapshot version")
+        count = reader.u32()
+        if count > MAX_KEYSETS:
+            raise WireError(f"a snapshot of {count} key sets (at most {MAX_KEYSETS})")
+        entries = []
+        for _ in range(count):
+            params = self.options.parse_parameters(reader.blob(max_len=MAX_PARAMS))
+            agent, public_bytes = reader.u32(), reader.blob(max_len=MAX_CONTEXT)
+            has_secret = reader.u8()
+            if has_secret not in (0, 1):
+                raise WireError(f"bad secret-key flag in a {self.name.upper()} client snapshot")
+            entries.append((params, agent, public_bytes, reader.blob(max_len=MAX_CONTEXT) if has_secret else None))
+        reader.end()
+        keysets: dict[raw.SealParameters, ClientKeys] = {}
+        for params, agent, public_bytes, secret_bytes in entries:
+            if params in keysets:
+                raise WireError("a snapshot names one parameter set twice")
+            if agent not in self.clients:
+                raise WireError(f"snapshot names agent {agent}, not a client of this protocol")
+            self.options.accept(params)
+            decrypts = self.options.keyholder == "all" or agent == self.party_id
+            if decrypts != (secret_bytes is not None):
+                raise PolicyError("snapshot's secret key does not match this client's role "
+                                  f"(keyholder={self.options.keyholder!r}, agent {agent})")
+            public = self.scheme.public(public_bytes, params)
+            secret = None if secret_bytes is None else self.scheme.secret(secret_bytes, public)
+            keysets[params] = ClientKeys(agent, public, secret, secret_bytes)
+        self.keysets = keysets
+
+
+def _coerce(name: str, options_class: type[Any], options: Any) -> Any:
+    if options is None:
+        return options_class()
+    if not isinstance(options, options_class):
+        raise TypeError(f"{name.upper()} takes {options_class.__name__}, got {type(options).__name__}")
+    return options
