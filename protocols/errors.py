@@ -58,3 +58,7 @@ class AbortedError(ProtocolError):
 
 class ThresholdError(AbortedError):
     """Fewer parties than the threshold survived a stage."""
+
+
+class ShareError(AbortedError):
+    """Revealed secret shares do not determine the committed secret (too many of them are wrong)."""

@@ -31,6 +31,7 @@ from .keys import (
     pair_seed,
     raw_private,
     raw_public,
+    seed_commitment,
     self_seed,
     share_associated,
 )
@@ -76,7 +77,9 @@ class MaskingClient(Party):
         """Stage ``advertise_keys``, in reply to ``open``: two fresh public keys."""
         self._channel = ChannelKey()
         self._mask_key = X25519PrivateKey.generate()
-        advert = KeyAdvert(self._channel.public_bytes, raw_public(self._mask_key))
+        self._seed = secrets.token_bytes(shamir.SECRET_BYTES)
+        commitment = seed_commitment(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)
+        advert = KeyAdvert(self._channel.public_bytes, raw_public(self._mask_key), commitment)
         self.gate.open = {Stage.SHARE_KEYS}
         return [self._send(Stage.ADVERTISE_KEYS, advert.to_bytes(), Exposure.public())]
 
@@ -95,22 +98,22 @@ class MaskingClient(Party):
 
     # share_keys: split b and s_sk among the neighbours and seal one pair of shares for each.
     def _share_keys(self, env: Envelope) -> list[Outgoing]:
-        assert self._channel is not None and self._mask_key is not None
+        assert self._channel is not None and self._mask_key is not None and self._seed is not None
         keys = NeighbourKeys.from_bytes(env.payload, parties=self.participants)
         own = {self._channel.public_bytes, raw_public(self._mask_key)}
-        ids = [pid for pid, _, _ in keys.entries]
+        ids = [pid for pid, _ in keys.entries]
         if self.party_id in ids:
             raise WireError("a client is not its own neighbour")
         if len(ids) > self.params.degree:
             raise PolicyError(f"{len(ids)} neighbours exceed the run's degree {self.params.degree}")
         if len(ids) + 1 < self.params.threshold:
             raise PolicyError(f"sharing among {len(ids) + 1} holders is below the threshold {self.params.threshold}")
-        published = [k for _, c_pk, s_pk in keys.entries for k in (c_pk, s_pk)]
+        published = [k for _, advert in keys.entries for k in (advert.channel_key, advert.mask_key)]
         if len(set(published)) != len(published) or own & set(published):
             raise WireError("neighbour keys repeat")
-        neighbours = {pid: (c_pk, load_public(s_pk)) for pid, c_pk, s_pk in keys.entries}
+        neighbours = {pid: (advert.channel_key, load_public(advert.mask_key)) for pid, advert in keys.entries}
+        seed = self._seed
         with self.timed("share_keys"):
-            seed = secrets.token_bytes(shamir.SECRET_BYTES)
             holders = sorted([*ids, self.party_id])
             xs = [pid + 1 for pid in holders]
             seed_shares = dict(zip(holders, shamir.split(seed, xs, self.params.threshold)))
@@ -127,7 +130,6 @@ class MaskingClient(Party):
                 sealed.append((pid, box))
         self.gate.record(env)
         self._neighbours = neighbours
-        self._seed = seed
         self._own_shares = (seed_shares[self.party_id], key_shares[self.party_id])
         self.gate.open = {Stage.UPLOAD}
         return [self._send(Stage.SHARE_KEYS, SealedShares(tuple(sealed)).to_bytes(),

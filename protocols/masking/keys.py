@@ -7,6 +7,8 @@ and a sealed share moved to another run, owner or holder fails to open.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Final
 
 from cryptography.hazmat.primitives import serialization
@@ -19,14 +21,15 @@ from ..primitives.prg import SEED_BYTES
 from ..wire import PROTOCOL_CODES, PartyId
 
 __all__ = [
-    "SEALED_SHARE_BYTES", "SHARE_PLAINTEXT_BYTES", "SHARE_PURPOSE", "agree", "check_public", "load_public",
-    "pair_seed", "raw_private", "raw_public", "self_seed", "share_associated",
+    "COMMITMENT_BYTES", "SEALED_SHARE_BYTES", "SHARE_PLAINTEXT_BYTES", "SHARE_PURPOSE", "agree", "check_public",
+    "load_public", "matches_commitment", "pair_seed", "raw_private", "raw_public", "seed_commitment", "self_seed", "share_associated",
 ]
 
 SHARE_PLAINTEXT_BYTES: Final = 2 * shamir.SHARE_BYTES
 """One holder's share of the self-mask seed ``b`` and of the mask key ``s``."""
 SEALED_SHARE_BYTES: Final = NONCE_BYTES + SHARE_PLAINTEXT_BYTES + 16
 SHARE_PURPOSE: Final = b"masking-shares"
+COMMITMENT_BYTES: Final = 32
 
 
 def raw_public(key: X25519PrivateKey) -> bytes:
@@ -75,6 +78,19 @@ def self_seed(seed: bytes, *, protocol: str, run_id: bytes, owner: PartyId) -> b
     """The PRG seed of ``owner``'s self mask, from its shared 32-byte secret ``b``."""
     info = b"secure-fl/masking/self/" + protocol.encode() + run_id + _u32(owner)
     return hkdf(seed, info=info, length=SEED_BYTES)
+
+
+def seed_commitment(seed: bytes, *, protocol: str, run_id: bytes, owner: PartyId) -> bytes:
+    """SHA-256 commitment to ``owner``'s self-mask seed ``b``, sent with its advertised keys.
+
+    The server checks a seed rebuilt from revealed shares against it, so wrong shares give an
+    error, never a wrong sum. ``b`` is 32 uniformly random bytes: the hash hides it.
+    """
+    return hashlib.sha256(b"secure-fl/masking/commit/" + protocol.encode() + run_id + _u32(owner) + seed).digest()
+
+
+def matches_commitment(seed: bytes, commitment: bytes, *, protocol: str, run_id: bytes, owner: PartyId) -> bool:
+    return hmac.compare_digest(seed_commitment(seed, protocol=protocol, run_id=run_id, owner=owner), commitment)
 
 
 def share_associated(protocol: str, run_id: bytes, owner: PartyId, holder: PartyId) -> bytes:

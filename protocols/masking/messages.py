@@ -3,8 +3,8 @@ for anything that could not have been written by the matching ``to_bytes``).
 
 Layouts (big-endian unless noted; the envelope adds its 34-byte header)::
 
-    advertise_keys  c -> s   channel key 32B | mask key 32B
-    share_keys      s -> c   u32 count | (u32 id | channel key | mask key) per neighbour, ascending
+    advertise_keys  c -> s   channel key 32B | mask key 32B | seed commitment 32B [| signature 64B]
+    share_keys      s -> c   u32 count | (u32 id | advertisement) per neighbour, ascending
     share_keys      c -> s   u32 count | (u32 holder | sealed share pair) per neighbour, ascending
     upload          s -> c   u32 count | (u32 owner | sealed share pair) per neighbour that shared
     upload          c -> s   u8 word bytes | u32 count | words, little-endian
@@ -31,7 +31,9 @@ from ..primitives import shamir
 from ..primitives.channel import PUBLIC_KEY_BYTES
 from ..primitives.prg import Words
 from ..wire import PartyId, Reader, Writer
-from .keys import SEALED_SHARE_BYTES
+from .keys import COMMITMENT_BYTES, SEALED_SHARE_BYTES
+
+SIGNATURE_BYTES = 64
 
 __all__ = [
     "KeyAdvert", "NeighbourKeys", "SealedShares", "Stage", "UnmaskRequest", "UnmaskResponse",
@@ -72,42 +74,54 @@ def _write_ids(writer: Writer, ids: Sequence[PartyId]) -> Writer:
 
 @dataclass(frozen=True)
 class KeyAdvert:
-    """Client -> server: the run's two fresh public keys (``c`` seals shares, ``s`` agrees masks)."""
+    """Client -> server: the run's two fresh public keys (``c`` seals shares, ``s`` agrees masks)
+    and a commitment to its self-mask seed ``b``; in the active-server setting, signed with the
+    client's registered identity key (:func:`~protocols.masking.keys.advert_statement`)."""
 
     channel_key: bytes
     mask_key: bytes
+    commitment: bytes
+    signature: bytes = b""
+
+    def _write(self, writer: Writer) -> Writer:
+        writer.raw(self.channel_key).raw(self.mask_key).raw(self.commitment)
+        return writer.raw(self.signature) if self.signature else writer
 
     def to_bytes(self) -> bytes:
-        return Writer().raw(self.channel_key).raw(self.mask_key).finish()
+        return self._write(Writer()).finish()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> KeyAdvert:
+    def read(cls, reader: Reader, *, signed: bool) -> KeyAdvert:
+        return cls(reader.raw(PUBLIC_KEY_BYTES), reader.raw(PUBLIC_KEY_BYTES), reader.raw(COMMITMENT_BYTES),
+                   reader.raw(SIGNATURE_BYTES) if signed else b"")
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, signed: bool = False) -> KeyAdvert:
         reader = Reader(data)
-        advert = cls(reader.raw(PUBLIC_KEY_BYTES), reader.raw(PUBLIC_KEY_BYTES))
+        advert = cls.read(reader, signed=signed)
         reader.end()
         return advert
 
 
 @dataclass(frozen=True)
 class NeighbourKeys:
-    """Server -> client: ``(id, channel key, mask key)`` of each neighbour, by increasing id."""
+    """Server -> client: each neighbour's advertisement, by increasing id."""
 
-    entries: tuple[tuple[PartyId, bytes, bytes], ...]
+    entries: tuple[tuple[PartyId, KeyAdvert], ...]
 
     def to_bytes(self) -> bytes:
         writer = Writer().u32(len(self.entries))
-        for pid, c_pk, s_pk in self.entries:
-            writer.u32(pid).raw(c_pk).raw(s_pk)
+        for pid, advert in self.entries:
+            advert._write(writer.u32(pid))
         return writer.finish()
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> NeighbourKeys:
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId], signed: bool = False) -> NeighbourKeys:
         reader = Reader(data)
         count = reader.u32()
         if count >= len(parties):
             raise WireError(f"{count} neighbours is not possible among {len(parties)} participants")
-        entries = tuple((reader.u32(), reader.raw(PUBLIC_KEY_BYTES), reader.raw(PUBLIC_KEY_BYTES))
-                        for _ in range(count))
+        entries = tuple((reader.u32(), KeyAdvert.read(reader, signed=signed)) for _ in range(count))
         reader.end()
         ids = [e[0] for e in entries]
         if any(b <= a for a, b in pairwise(ids)) or not set(ids) <= parties:

@@ -15,14 +15,22 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..base import Outgoing, ServerParty, StageGate
 from ..encoding import decode_sum
-from ..errors import AbortedError, EncodingError, StageError, ThresholdError, WireError
+from ..errors import AbortedError, EncodingError, ShareError, StageError, ThresholdError, WireError
 from ..messages import ReleasedSum
 from ..primitives import shamir
 from ..primitives.prg import MaskExpander, Words
 from ..session import SumRequest
 from ..transcript import Exposure
 from ..wire import SERVER, Envelope, PartyId
-from .keys import agree, check_public, load_public, pair_seed, raw_public, self_seed
+from .keys import (
+    agree,
+    check_public,
+    load_public,
+    matches_commitment,
+    pair_seed,
+    raw_public,
+    self_seed,
+)
 from .messages import (
     KeyAdvert,
     NeighbourKeys,
@@ -60,6 +68,9 @@ class MaskingServer(ServerParty):
         self.total: Words = np.zeros(self.spec.length, dtype=self.dtype)
         self.requests: dict[PartyId, UnmaskRequest] = {}
         self.responses: dict[PartyId, UnmaskResponse] = {}
+        self._checker = shamir.ShareChecker(params.threshold)
+        self.bad_shares: dict[PartyId, list[str]] = {}
+        """Holders that revealed shares off their secret's polynomial, with what was wrong."""
 
     @property
     def threshold(self) -> int:
@@ -120,7 +131,7 @@ class MaskingServer(ServerParty):
         self.graph = harary_graph(advertised, self.params.degree)
         out = []
         for pid in advertised:
-            entries = tuple((v, self.keys[v].channel_key, self.keys[v].mask_key) for v in self.graph[pid])
+            entries = tuple((v, self.keys[v]) for v in self.graph[pid])
             out.append(self._send(Stage.SHARE_KEYS, pid, NeighbourKeys(entries).to_bytes(), Exposure.public()))
         self.stage = Stage.SHARE_KEYS
         self.gate.open = {Stage.SHARE_KEYS}
@@ -191,11 +202,29 @@ class MaskingServer(ServerParty):
         return seeds, keys
 
     def _recover(self, owner: PartyId, points: list[shamir.Point], what: str) -> bytes:
+        """``owner``'s secret from the revealed shares, every share checked (all on one
+        polynomial of degree t - 1, the secret matching its commitment: the seed's hash, the
+        key's advertised public key); shares off the polynomial are named and left out."""
         self._need(len(points), f"revealed shares of client {owner}'s {what}")
+        advert = self.keys[owner]
+        if what == "seed":
+            def verify(secret: bytes) -> bool:
+                return matches_commitment(secret, advert.commitment, protocol=self.protocol, run_id=self.run_id,
+                                          owner=owner)
+        else:
+            def verify(secret: bytes) -> bool:
+                return raw_public(X25519PrivateKey.from_private_bytes(secret)) == advert.mask_key
         try:
-            return shamir.combine(points, self.threshold)
+            recovered = shamir.recover(points, self.threshold, verify=verify, checker=self._checker)
+        except ShareError as error:
+            raise ShareError(f"client {owner}'s {what} could not be recovered: {error}") from error
         except WireError as error:
             raise AbortedError(f"client {owner}'s {what} could not be recovered: {error}") from error
+        for x in recovered.bad:
+            self.rejections.append(f"ShareError: client {x - 1} revealed a wrong share of client {owner}'s {what} "
+                                   "(left out)")
+            self.bad_shares.setdefault(x - 1, []).append(f"a wrong share of client {owner}'s {what}")
+        return recovered.secret
 
     def _after_unmasking(self) -> list[Outgoing]:
         self.gate.open = set()
@@ -212,8 +241,6 @@ class MaskingServer(ServerParty):
                 if not survivors:
                     continue
                 key = X25519PrivateKey.from_private_bytes(self._recover(pid, keys.get(pid, []), "key"))
-                if raw_public(key) != self.keys[pid].mask_key:
-                    raise AbortedError(f"client {pid}'s recovered mask key does not match its advertised key")
                 for v in survivors:
                     seed = pair_seed(agree(key, load_public(self.keys[v].mask_key)), protocol=self.protocol,
                                      run_id=self.run_id, u=pid, v=v)

@@ -1,7 +1,13 @@
 """Shamir secret sharing of 32-byte secrets over the prime field GF(2**256 + 297).
 
 Hazardous: shares are bare field elements; authenticity comes from the channel that
-carries them (the masking protocol seals each share with an AEAD).
+carries them (the masking protocol seals each share with an AEAD). A share revealed over an
+unauthenticated path (or by a lying holder) is caught by :func:`recover`, which checks every
+share it is given: all of them must lie on one polynomial of degree ``threshold - 1`` (the
+shares form a Reed-Solomon codeword), and the secret they give must pass the caller's check
+against a commitment. Shares off the polynomial are located (Gao's decoder, up to
+``(r - threshold) // 2`` of ``r`` shares) and named; the secret is then exact or the call
+raises :class:`~protocols.errors.ShareError`, never a wrong secret.
 
 * ``PRIME = 2**256 + 297`` is the smallest prime above ``2**256``, so every 32-byte
   secret (an integer below ``2**256``) is a field element and a share fits 33 bytes.
@@ -19,11 +25,12 @@ observable by the parties that see shares.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
-from ..errors import ThresholdError, WireError
+from ..errors import ShareError, ThresholdError, WireError
 
 PRIME: Final = (1 << 256) + 297
 SECRET_BYTES: Final = 32
@@ -97,6 +104,19 @@ def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(numerator * inv % p for inv in inverses)
 
 
+def _checked_points(points: Iterable[Point], threshold: int) -> list[Point]:
+    if not isinstance(threshold, int) or threshold < 1:
+        raise ValueError(f"threshold must be a positive integer, got {threshold!r}")
+    pts = sorted(points)
+    _check_xs([x for x, _ in pts], WireError)
+    for _, y in pts:
+        if not isinstance(y, int) or isinstance(y, bool) or not 0 <= y < PRIME:
+            raise WireError("a share value lies outside the field")
+    if len(pts) < threshold:
+        raise ThresholdError(f"{len(pts)} shares cannot recover a secret shared with threshold {threshold}")
+    return pts
+
+
 def combine(points: Iterable[Point], threshold: int) -> bytes:
     """Recover the 32-byte secret from at least ``threshold`` shares.
 
@@ -104,16 +124,7 @@ def combine(points: Iterable[Point], threshold: int) -> bytes:
     :class:`~protocols.errors.ThresholdError` when too few shares are given and
     :class:`~protocols.errors.WireError` for duplicate or out-of-field values.
     """
-    if not isinstance(threshold, int) or threshold < 1:
-        raise ValueError(f"threshold must be a positive integer, got {threshold!r}")
-    pts = sorted(points)
-    xs = [x for x, _ in pts]
-    _check_xs(xs, WireError)
-    for _, y in pts:
-        if not isinstance(y, int) or isinstance(y, bool) or not 0 <= y < PRIME:
-            raise WireError("a share value lies outside the field")
-    if len(pts) < threshold:
-        raise ThresholdError(f"{len(pts)} shares cannot recover a secret shared with threshold {threshold}")
+    pts = _checked_points(points, threshold)
     chosen = pts[:threshold]
     coefficients = lagrange_at_zero(tuple(x for x, _ in chosen))
     p = PRIME
@@ -124,6 +135,211 @@ def combine(points: Iterable[Point], threshold: int) -> bytes:
     if value >> (8 * SECRET_BYTES):
         raise WireError("the shares do not combine to a 32-byte secret")
     return value.to_bytes(SECRET_BYTES, "big")
+
+
+# --- verified recovery ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Recovery:
+    """A secret recovered from shares that all agreed with it, except those at ``bad``."""
+
+    secret: bytes
+    bad: tuple[int, ...]
+    """x-coordinates of the shares that do not lie on the secret's polynomial (left out)."""
+
+
+def _batch_inverse(values: Sequence[int]) -> list[int]:
+    p = PRIME
+    prefix = [1] * (len(values) + 1)
+    for i, v in enumerate(values):
+        prefix[i + 1] = prefix[i] * v % p
+    inverse = pow(prefix[-1], -1, p)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = inverse * prefix[i] % p
+        inverse = inverse * values[i] % p
+    return out
+
+
+@lru_cache(maxsize=256)
+def _barycentric(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """``u_i = 1 / prod_{j != i} (x_i - x_j)``."""
+    p = PRIME
+    products = []
+    for i, xi in enumerate(xs):
+        d = 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                d = d * (xi - xj) % p
+        products.append(d)
+    return tuple(_batch_inverse(products))
+
+
+class ShareChecker:
+    """Tests whether shares lie on one polynomial of degree below ``threshold``.
+
+    ``r`` points do exactly when their values satisfy the ``r - threshold`` parity checks of
+    the dual (generalised Reed-Solomon) code, ``sum_i u_i x_i^j y_i = 0`` for
+    ``0 <= j < r - threshold``. One random combination of those checks (coefficients drawn
+    from :mod:`secrets` per checker, never revealed) costs ``r`` multiplications per secret
+    and misses an inconsistent set with probability ``1/p``. Keep one checker per run: the
+    combined coefficients are cached per set of holders.
+    """
+
+    def __init__(self, threshold: int) -> None:
+        if not isinstance(threshold, int) or threshold < 1:
+            raise ValueError(f"threshold must be a positive integer, got {threshold!r}")
+        self.threshold = threshold
+        self._lambdas: list[int] = []
+        self._weights: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def _combined(self, xs: tuple[int, ...]) -> tuple[int, ...]:
+        weights = self._weights.get(xs)
+        if weights is None:
+            checks = len(xs) - self.threshold
+            while len(self._lambdas) < checks:
+                self._lambdas.append(secrets.randbelow(PRIME))
+            lambdas = self._lambdas[:checks]
+            p = PRIME
+            out = []
+            for x, u in zip(xs, _barycentric(xs)):
+                acc = 0
+                for lam in reversed(lambdas):  # sum_j lambda_j x^j by Horner
+                    acc = (acc * x + lam) % p
+                out.append(u * acc % p)
+            weights = tuple(out)
+            if len(self._weights) < 1024:
+                self._weights[xs] = weights
+        return weights
+
+    def consistent(self, points: Sequence[Point]) -> bool:
+        """Whether the (sorted, distinct) points lie on one polynomial of degree < threshold."""
+        if len(points) <= self.threshold:
+            return True
+        weights = self._combined(tuple(x for x, _ in points))
+        return sum(w * y for w, (_, y) in zip(weights, points)) % PRIME == 0
+
+
+Poly = list[int]
+"""Coefficients mod PRIME, lowest degree first, without trailing zeros (``[]`` is zero)."""
+
+
+def _trim(a: Poly) -> Poly:
+    while a and a[-1] == 0:
+        a.pop()
+    return a
+
+
+def _sub(a: Poly, b: Poly) -> Poly:
+    p = PRIME
+    out = [(a[i] if i < len(a) else 0) - (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
+    return _trim([c % p for c in out])
+
+
+def _mul(a: Poly, b: Poly) -> Poly:
+    if not a or not b:
+        return []
+    p = PRIME
+    out = [0] * (len(a) + len(b) - 1)
+    for i, ai in enumerate(a):
+        if ai:
+            for j, bj in enumerate(b):
+                out[i + j] += ai * bj
+    return _trim([c % p for c in out])
+
+
+def _divmod(a: Poly, b: Poly) -> tuple[Poly, Poly]:
+    p = PRIME
+    rem = list(a)
+    if len(rem) < len(b):
+        return [], _trim(rem)
+    inverse = pow(b[-1], -1, p)
+    quotient = [0] * (len(rem) - len(b) + 1)
+    for i in range(len(rem) - len(b), -1, -1):
+        coefficient = rem[i + len(b) - 1] * inverse % p
+        quotient[i] = coefficient
+        if coefficient:
+            for j, bj in enumerate(b):
+                rem[i + j] = (rem[i + j] - coefficient * bj) % p
+    return _trim(quotient), _trim(rem[: len(b) - 1])
+
+
+def _evaluate(f: Poly, x: int) -> int:
+    acc = 0
+    for c in reversed(f):
+        acc = (acc * x + c) % PRIME
+    return acc
+
+
+def decode(points: Sequence[Point], threshold: int) -> Poly | None:
+    """Gao's Reed-Solomon decoder: the polynomial of degree < ``threshold`` that agrees with
+    all but at most ``(r - threshold) // 2`` of the ``r`` points, or ``None`` if there is none."""
+    p = PRIME
+    xs = [x for x, _ in points]
+    # g0 = prod (X - x_i); g1 interpolates every point (degree < r).
+    g0: Poly = [1]
+    for x in xs:
+        g0 = _mul(g0, [(-x) % p, 1])
+    g1 = [0] * len(points)
+    for (x, y), u in zip(points, _barycentric(tuple(xs))):
+        scale = y * u % p
+        if not scale:
+            continue
+        # g0 / (X - x) by synthetic division, scaled and added into g1.
+        carry = 0
+        quotient = [0] * (len(g0) - 1)
+        for i in range(len(g0) - 1, 0, -1):
+            carry = (g0[i] + carry * x) % p
+            quotient[i - 1] = carry
+        for i, q in enumerate(quotient):
+            g1[i] = (g1[i] + scale * q) % p
+    r0, r1 = g0, _trim(g1)
+    v0: Poly = []
+    v1: Poly = [1]
+    limit = (len(points) + threshold) / 2
+    while r1 and len(r1) - 1 >= limit:
+        quotient, rem = _divmod(r0, r1)
+        r0, r1 = r1, rem
+        v0, v1 = v1, _sub(v0, _mul(quotient, v1))
+    if not v1:
+        return None
+    f, rem = _divmod(r1, v1)
+    if rem or len(f) > threshold:
+        return None
+    return f
+
+
+def recover(points: Iterable[Point], threshold: int, *, verify: Callable[[bytes], bool],
+            checker: ShareChecker | None = None) -> Recovery:
+    """The secret behind ``points``, every one of them checked.
+
+    ``verify`` tests a candidate secret against what its dealer committed to (a hash, a public
+    key). When all points lie on one polynomial of degree ``threshold - 1`` and its secret
+    passes ``verify``, that secret is returned with no bad shares. Otherwise the points are
+    decoded (:func:`decode`): the shares off the decoded polynomial are returned as ``bad``
+    when its secret passes ``verify``; anything else raises
+    :class:`~protocols.errors.ShareError`. :class:`~protocols.errors.ThresholdError` for fewer
+    than ``threshold`` points, :class:`~protocols.errors.WireError` for malformed ones.
+    """
+    pts = _checked_points(points, threshold)
+    checker = checker if checker is not None and checker.threshold == threshold else ShareChecker(threshold)
+    if checker.consistent(pts):
+        coefficients = lagrange_at_zero(tuple(x for x, _ in pts[:threshold]))
+        value = sum(y * c for (_, y), c in zip(pts, coefficients)) % PRIME
+        if not value >> (8 * SECRET_BYTES) and verify(value.to_bytes(SECRET_BYTES, "big")):
+            return Recovery(value.to_bytes(SECRET_BYTES, "big"), ())
+        if len(pts) == threshold:
+            raise ShareError(f"{threshold} shares (no surplus to check them with) do not give the committed secret")
+        raise ShareError(f"all {len(pts)} shares agree on a secret other than the committed one")
+    f = decode(pts, threshold)
+    if f is None:
+        raise ShareError(f"{len(pts)} shares with threshold {threshold} hold more errors than can be corrected")
+    value = f[0] if f else 0
+    bad = tuple(x for x, y in pts if _evaluate(f, x) != y)
+    if value >> (8 * SECRET_BYTES) or len(pts) - len(bad) < threshold or not verify(
+            value.to_bytes(SECRET_BYTES, "big")):
+        raise ShareError(f"the {len(pts)} shares decode to no committed secret")
+    return Recovery(value.to_bytes(SECRET_BYTES, "big"), bad)
 
 
 def share_to_bytes(y: int) -> bytes:

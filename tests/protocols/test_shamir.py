@@ -175,3 +175,77 @@ def test_speed_of_100_shares_at_threshold_50():
     combine_s = time.perf_counter() - start
     # ~1 ms each on an idle core; generous bounds for loaded CI machines.
     assert split_s < 0.05 and combine_s < 0.05
+
+
+# --- verified recovery: every share checked, bad ones located -----------------------------------------
+
+def _shares(secret, n, t):
+    xs = list(range(1, n + 1))
+    return list(zip(xs, split(secret, xs, t)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 24), data=st.data())
+def test_recover_locates_every_correctable_error(n, data):
+    t = data.draw(st.integers(1, n), label="t")
+    secret = secrets.token_bytes(32)
+    points = _shares(secret, n, t)
+    errors = data.draw(st.sets(st.integers(0, n - 1), max_size=(n - t) // 2), label="errors")
+    for i in errors:
+        x, y = points[i]
+        points[i] = (x, (y + data.draw(st.integers(1, PRIME - 1))) % PRIME)
+    out = shamir.recover(points, t, verify=lambda s: s == secret)
+    assert out.secret == secret
+    assert set(out.bad) == {points[i][0] for i in errors}
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 16), data=st.data())
+def test_recover_never_returns_a_wrong_secret(n, data):
+    t = data.draw(st.integers(1, n), label="t")
+    secret = secrets.token_bytes(32)
+    points = _shares(secret, n, t)
+    for i in data.draw(st.sets(st.integers(0, n - 1), min_size=1), label="errors"):
+        points[i] = (points[i][0], data.draw(st.integers(0, PRIME - 1)))
+    try:
+        out = shamir.recover(points, t, verify=lambda s: s == secret)
+    except shamir.ShareError:
+        return
+    assert out.secret == secret
+    assert len(points) - len(out.bad) >= t
+
+
+def test_recover_refuses_a_secret_that_misses_its_commitment():
+    secret = secrets.token_bytes(32)
+    points = _shares(secret, 5, 3)
+    with pytest.raises(shamir.ShareError, match="other than the committed"):
+        shamir.recover(points, 3, verify=lambda s: False)
+    x, y = points[0]
+    with pytest.raises(shamir.ShareError, match="no surplus"):
+        shamir.recover([(x, (y + 1) % PRIME), *points[1:3]], 3, verify=lambda s: s == secret)
+    with pytest.raises(ThresholdError):
+        shamir.recover(points[:2], 3, verify=lambda s: True)
+    with pytest.raises(WireError):
+        shamir.recover([(1, PRIME), *points[1:]], 3, verify=lambda s: True)
+
+
+def test_share_checker_catches_any_single_wrong_share():
+    secret = secrets.token_bytes(32)
+    points = _shares(secret, 30, 20)
+    checker = shamir.ShareChecker(20)
+    assert checker.consistent(points)
+    for i in range(30):
+        bad = list(points)
+        bad[i] = (bad[i][0], (bad[i][1] + 1) % PRIME)
+        assert not checker.consistent(bad)
+
+
+def test_checking_every_share_is_cheap():
+    """The server checks 100 secrets' 100 shares each (t = 67) in well under a second."""
+    t, n = 67, 100
+    sets = [_shares(secrets.token_bytes(32), n, t) for _ in range(20)]
+    checker = shamir.ShareChecker(t)
+    start = time.perf_counter()
+    for points in sets * 5:
+        shamir.recover(points, t, verify=lambda s: True, checker=checker)
+    assert time.perf_counter() - start < 1.0
