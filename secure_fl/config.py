@@ -30,10 +30,12 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+
+from secure_fl.suggest import did_you_mean
 
 __all__ = [
     "ComponentConfig",
@@ -46,8 +48,10 @@ __all__ = [
     "RunConfig",
     "SecureConfig",
     "TrainConfig",
+    "declared_statistics",
     "load_config",
     "parse_config",
+    "planned_protocols",
 ]
 
 
@@ -92,17 +96,20 @@ class DataConfig:
         from secure_fl.data import DATASETS, PARTITIONERS
 
         key = self.dataset.strip().lower().replace("_", "-")
-        _check(key in DATASETS, "dataset", f"unknown dataset {self.dataset!r}; known: {', '.join(sorted(DATASETS))}")
+        _check(key in DATASETS, "dataset", f"unknown dataset {self.dataset!r}{did_you_mean(key, DATASETS)}; "
+                                          f"known: {', '.join(sorted(DATASETS))}")
         _check(self.num_clients >= 1, "num_clients", f"must be >= 1, got {self.num_clients}")
         _check(self.partition in PARTITIONERS, "partition",
-               f"unknown partition {self.partition!r}; known: {', '.join(sorted(PARTITIONERS))}")
+               f"unknown partition {self.partition!r}{did_you_mean(self.partition, PARTITIONERS)}; "
+               f"known: {', '.join(sorted(PARTITIONERS))}")
         partitioner = PARTITIONERS[self.partition]
         fixed = {"labels", "num_clients", "rng"}
         accepted = _keyword_parameters(partitioner, exclude=fixed)
         if accepted is not None:
             for name in self.partition_params:
                 _check(name in accepted, f"partition_params.{name}",
-                       f"unknown parameter of partition {self.partition!r}; known: {', '.join(sorted(accepted))}")
+                       f"unknown parameter of partition {self.partition!r}{did_you_mean(name, accepted)}; "
+                       f"known: {', '.join(sorted(accepted))}")
         for name in _required_parameters(partitioner, exclude=fixed):
             _check(name in self.partition_params, "partition_params",
                    f"partition {self.partition!r} needs '{name}' (e.g. partition_params = {{ {name} = ... }})")
@@ -127,12 +134,14 @@ class ModelConfig:
         from secure_fl.models import MODELS
 
         key = self.name.strip().lower().replace("-", "_")
-        _check(key in MODELS, "name", f"unknown model {self.name!r}; known: {', '.join(sorted(MODELS))}")
+        _check(key in MODELS, "name", f"unknown model {self.name!r}{did_you_mean(key, MODELS)}; "
+                                      f"known: {', '.join(sorted(MODELS))}")
         accepted = _keyword_parameters(MODELS[key], exclude={"input_shape", "num_classes"})
         if accepted is not None:
             for option in self.options:
                 _check(option in accepted, option,
-                       f"unknown option of model {self.name!r}; known: {', '.join(sorted(accepted)) or 'none'}")
+                       f"unknown option of model {self.name!r}{did_you_mean(option, accepted)}; "
+                       f"known: {', '.join(sorted(accepted)) or 'none'}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,12 +196,14 @@ class SecureConfig:
         from protocols import PROTOCOLS
 
         known = ", ".join(PROTOCOLS)
-        _check(self.protocol in PROTOCOLS, "protocol", f"unknown protocol {self.protocol!r}; known: {known}")
+        _check(self.protocol in PROTOCOLS, "protocol",
+               f"unknown protocol {self.protocol!r}{did_you_mean(self.protocol, PROTOCOLS)}; known: {known}")
         _check(self.update_protocol == "clear" or self.update_protocol in PROTOCOLS, "update_protocol",
-               f"unknown protocol {self.update_protocol!r}; known: clear, {known}")
+               f"unknown protocol {self.update_protocol!r}{did_you_mean(self.update_protocol, PROTOCOLS)}; "
+               f"known: {known}")
         for name, protocol in self.statistics.items():
             _check(isinstance(protocol, str) and protocol in PROTOCOLS, f"statistics.{name}",
-                   f"unknown protocol {protocol!r}; known: {known}")
+                   f"unknown protocol {protocol!r}{did_you_mean(str(protocol), PROTOCOLS)}; known: {known}")
         _check(math.isfinite(self.update_clip) and self.update_clip > 0, "update_clip",
                f"must be positive, got {self.update_clip}")
         _check(0 <= self.update_frac_bits <= 52, "update_frac_bits", f"must lie in [0, 52], got {self.update_frac_bits}")
@@ -218,7 +229,8 @@ def _check_protocol_options(protocol: str, options: Mapping[str, Any]) -> None:
     accepted = {f.name for f in fields(option_cls)}
     for key in options:
         _check(key in accepted, f"{protocol}.{key}",
-               f"unknown option of protocol {protocol!r}; known: {', '.join(sorted(accepted))}")
+               f"unknown option of protocol {protocol!r}{did_you_mean(key, accepted)}; "
+               f"known: {', '.join(sorted(accepted))}")
     try:
         option_cls(**options)
     except (TypeError, ValueError) as error:
@@ -385,7 +397,8 @@ def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
     for key in raw:
         if key not in TOP_LEVEL:
-            raise ConfigError(f"{source}: unknown key '{key}'; known top-level keys: {', '.join(TOP_LEVEL)}")
+            raise ConfigError(f"{source}: unknown key '{key}'{did_you_mean(key, TOP_LEVEL)}; "
+                              f"known top-level keys: {', '.join(TOP_LEVEL)}")
     sweep = raw.pop("sweep", {})
     overrides = raw.pop("runs", [{}])
     if not isinstance(sweep, dict):
@@ -397,7 +410,9 @@ def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
     for index, override in enumerate(overrides):
         for key in override:
             if key not in TOP_LEVEL or key in ("sweep", "runs"):
-                raise ConfigError(f"{source}: unknown key 'runs[{index}].{key}'")
+                keys = [k for k in TOP_LEVEL if k not in ("sweep", "runs")]
+                raise ConfigError(f"{source}: unknown key 'runs[{index}].{key}'{did_you_mean(key, keys)}; "
+                                  f"a run may set {', '.join(keys)}")
         base = _merge(copy.deepcopy(raw), _normalise_components(copy.deepcopy(override)))
         for combo in itertools.product(*(values for _, values in axes)) if axes else [()]:
             candidate = copy.deepcopy(base)
@@ -407,8 +422,138 @@ def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
                 parts.append(f"{path}={_short(value)}")
             where = " ".join(parts)
             runs.append(_build_run(candidate, source=source if not where else f"{source} ({where})", label=where))
+    _check_statistic_names(runs, source)
     name = raw.get("name", Path(source).stem if source != "<string>" else "experiment")
     return ExperimentConfig(name=str(name), runs=tuple(runs), source=source)
+
+
+# --- statistic names ------------------------------------------------------------------------
+
+METHOD, UPDATE, SELECTION, SELECTION_SESSION = "method", "update", "selection", "selection session"
+"""Who declares a statistic of a run (:func:`declared_statistics`)."""
+
+
+def declared_statistics(run: RunConfig) -> dict[str, str]:
+    """Every statistic ``run`` may sum, by name → who declares it, without loading data.
+
+    The names come from the halves that the clients run — the method's client half
+    (:meth:`~secure_fl.algorithms.ClientMethod.declarations`: its statistics, ``total_samples``,
+    and the model-sized update sums, ``model_update`` and SCAFFOLD's ``control_update``) and the
+    selection's client half — built with the run's public settings. Their names do not depend on
+    the data, so the number of classes and the model size are placeholders here. ``update``:
+    a model-sized sum (its protocol is ``secure.update_protocol``); ``selection``: a selection
+    statistic the run's plan routes (greedy's counts, Dubhe's coin flips); ``selection session``:
+    one the strategy sums on a session of its own (Dubhe's registries), whose protocol no config
+    table changes.
+    """
+    from secure_fl.algorithms import LocalTraining, RunInfo, make_algorithm
+    from secure_fl.selection import make_selection
+    from secure_fl.stats import UpdateSettings
+
+    num_classes = max([10, *(c + 1 for c in run.data.minority_classes)])
+    t = run.train
+    training = LocalTraining(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
+                             weight_decay=t.weight_decay, lr_decay=t.lr_decay, lr_decay_every=t.lr_decay_every,
+                             nesterov=t.nesterov)
+    updates = UpdateSettings(dimension=1, protocol=run.secure.update_protocol, clip=run.secure.update_clip,
+                             frac_bits=run.secure.update_frac_bits)
+    info = RunInfo(num_clients=run.data.num_clients, num_classes=num_classes, dimension=1, rounds=t.rounds,
+                   training=training, updates=updates)
+    client = make_algorithm(run.method.name, run.method.params).client(info)
+    out = {name: (UPDATE if name in client.update_statistics else METHOD) for name in client.declarations()}
+    strategy = make_selection(run.selection.name, run.selection.params)
+    selection_client = strategy.client(num_classes=num_classes)
+    if selection_client is not None:
+        for name in selection_client.declarations():
+            out.setdefault(name, SELECTION if name in strategy.protocols else SELECTION_SESSION)
+    return out
+
+
+def planned_protocols(run: RunConfig) -> dict[str, str]:
+    """The protocol each statistic of ``run`` goes through, by name (model-sized sums excluded:
+    they use ``secure.update_protocol``), as the run's plan routes it — what the run's header shows
+    before any release names its protocol."""
+    from secure_fl.selection import make_selection
+
+    strategy = make_selection(run.selection.name, run.selection.params)
+    sessions = {protocol for protocol, _ in strategy.sessions()}
+    out: dict[str, str] = {}
+    for name, kind in sorted(declared_statistics(run).items()):
+        if kind == UPDATE:
+            continue
+        if kind == SELECTION_SESSION:
+            out[name] = "/".join(sorted(sessions)) or run.secure.protocol
+        elif kind == SELECTION:
+            out[name] = run.secure.statistics.get(name, strategy.protocols[name])
+        else:
+            out[name] = run.secure.statistics.get(name, run.secure.protocol)
+    return out
+
+
+def _check_statistic_names(runs: Sequence[RunConfig], source: str) -> None:
+    """``[secure.statistics]`` and ``[privacy.statistics]`` name only statistics the runs sum.
+
+    Per run: a model-sized update sum takes its protocol from ``secure.update_protocol`` and gets
+    no distributed-DP noise, and a statistic a selection sums on its own session takes no protocol
+    from the config — naming either would be ignored, so it is an error. A name that no run of the
+    file declares is a typo (an error suggesting the closest declared name); one that only some
+    runs of a sweep declare applies to those runs.
+    """
+    from secure_fl.stats import DEFAULT_STATISTIC
+
+    if not any(r.secure.statistics or r.privacy.statistics for r in runs):
+        return
+    cache: dict[str, dict[str, str]] = {}
+    declared: list[dict[str, str]] = []
+    for run in runs:
+        key = json.dumps([run.method.to_dict(), run.selection.to_dict(), run.secure.update_protocol,
+                          run.data.minority_classes, run.train.rounds], sort_keys=True, default=str)
+        if key not in cache:
+            try:
+                cache[key] = declared_statistics(run)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"{source}: method: {error}") from None
+        declared.append(cache[key])
+    every = {name for names in declared for name in names}
+    for run, names in zip(runs, declared):
+        where = f"method {run.method.name!r}" + (
+            f" with selection {run.selection.name!r}" if run.selection.name != COMPONENT_DEFAULTS["selection"] else "")
+        summed = ", ".join(sorted(n for n, kind in names.items() if kind != UPDATE))
+        for table, entries in (("secure.statistics", run.secure.statistics), ("privacy.statistics",
+                                                                              run.privacy.statistics)):
+            for name in entries:
+                if table == "privacy.statistics" and name == DEFAULT_STATISTIC:
+                    continue
+                kind = names.get(name)
+                if kind == UPDATE:
+                    if table == "secure.statistics":
+                        raise ConfigError(
+                            f"{source}: {table}.{name}: {name!r} is a model-sized update sum; set its protocol "
+                            f"with secure.update_protocol (now {run.secure.update_protocol!r}) instead")
+                    raise ConfigError(
+                        f"{source}: {table}.{name}: {name!r} is a model-sized update sum, which gets no "
+                        "distributed-DP noise; protect model updates with [privacy.dp_sgd] instead")
+                if kind == SELECTION_SESSION and table == "secure.statistics":
+                    strategy = _selection_sessions(run)
+                    raise ConfigError(
+                        f"{source}: {table}.{name}: selection {run.selection.name!r} sums {name!r} on its own "
+                        f"session ({strategy}); remove the entry (its protocol cannot be changed here)")
+                if kind is None and name not in every:
+                    if len(runs) == 1:
+                        scope, what = "in this run", f"{where} sums: {summed or 'none'}"
+                    else:
+                        summed = ", ".join(sorted({n for names_ in declared for n, k in names_.items() if k != UPDATE}))
+                        scope, what = "in any run of this file", f"its runs sum: {summed or 'none'}"
+                    options = [n for names_ in declared for n, k in names_.items() if k != UPDATE]
+                    raise ConfigError(f"{source}: {table}.{name}: no statistic {name!r} {scope}"
+                                      f"{did_you_mean(name, options)}; {what}")
+
+
+def _selection_sessions(run: RunConfig) -> str:
+    from secure_fl.selection import make_selection
+
+    sessions = make_selection(run.selection.name, run.selection.params).sessions()
+    return ", ".join(f"{protocol} '{tag}'" for protocol, tag in sessions) or "its own"
 
 
 def _short(value: Any) -> str:
@@ -423,8 +568,9 @@ def _sweep_axes(sweep: Mapping[str, Any], source: str, prefix: str = "") -> list
         path = f"{prefix}{key}"
         top = path.split(".")[0]
         if top not in TOP_LEVEL or top in ("sweep", "runs"):
-            raise ConfigError(f"{source}: unknown key 'sweep.{path}'; a sweep varies one of "
-                              f"{', '.join(k for k in TOP_LEVEL if k not in ('sweep', 'runs'))}")
+            keys = [k for k in TOP_LEVEL if k not in ("sweep", "runs")]
+            raise ConfigError(f"{source}: unknown key 'sweep.{path}'{did_you_mean(top, keys)}; a sweep varies one of "
+                              f"{', '.join(keys)}")
         if isinstance(value, dict):
             axes.extend(_sweep_axes(value, source, prefix=f"{path}."))
         elif isinstance(value, list) and value:
@@ -475,7 +621,8 @@ def _build_run(raw: dict[str, Any], *, source: str, label: str) -> RunConfig:
     _normalise_components(raw)
     for key in raw:
         if key not in TOP_LEVEL or key in ("sweep", "runs"):
-            raise ConfigError(f"{source}: unknown key '{key}'")
+            keys = [k for k in TOP_LEVEL if k not in ("sweep", "runs")]
+            raise ConfigError(f"{source}: unknown key '{key}'{did_you_mean(key, keys)}")
     for key in ("data", "train"):
         if key not in raw:
             raise ConfigError(f"{source}: missing table [{key}]")
@@ -538,6 +685,12 @@ def _secure_section(table: Any, source: str) -> SecureConfig:
         raise ConfigError(f"{source}: 'secure' must be a table")
     plain = {k: v for k, v in table.items() if k not in PROTOCOLS}
     options = {k: v for k, v in table.items() if k in PROTOCOLS}
+    own = [f.name for f in fields(SecureConfig) if f.name != "options"]
+    for key in plain:
+        if key not in own:
+            raise ConfigError(f"{source}: unknown key 'secure.{key}'{did_you_mean(key, [*own, *PROTOCOLS])}; "
+                              f"known keys: {', '.join(own)}, and a table of options per protocol "
+                              f"([secure.<protocol>], one of {', '.join(PROTOCOLS)})")
     for name, value in options.items():
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: 'secure.{name}' must be a table of that protocol's options")
@@ -557,7 +710,8 @@ def _privacy_section(table: Any, source: str) -> PrivacyConfig:
         raise ConfigError(f"{source}: 'privacy' must be a table")
     for key in table:
         if key not in PRIVACY_KEYS:
-            raise ConfigError(f"{source}: unknown key 'privacy.{key}'; known keys: {', '.join(PRIVACY_KEYS)}")
+            raise ConfigError(f"{source}: unknown key 'privacy.{key}'{did_you_mean(key, PRIVACY_KEYS)}; "
+                              f"known keys: {', '.join(PRIVACY_KEYS)}")
     dp_sgd = None
     if "dp_sgd" in table:
         dp_sgd = _section(DPSGDSettings, table["dp_sgd"], "privacy.dp_sgd", source)
@@ -588,7 +742,8 @@ def _section(cls: type[Any], table: Any, path: str, source: str) -> Any:
     for key, value in table.items():
         if key not in known:
             shown = [k for k in known if not (cls is SecureConfig and k == "options")]
-            raise ConfigError(f"{source}: unknown key '{path}.{key}'; known keys: {', '.join(shown)}")
+            raise ConfigError(f"{source}: unknown key '{path}.{key}'{did_you_mean(key, shown)}; "
+                              f"known keys: {', '.join(shown)}")
         kwargs[key] = _coerce(value, hints[key], f"{path}.{key}", source)
     for name, f in known.items():
         if f.default is MISSING and f.default_factory is MISSING and name not in kwargs:

@@ -21,6 +21,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.nn.functional as F
 
+from secure_fl.suggest import did_you_mean
+
 __all__ = ["LOSSES", "CrossEntropy", "Focal", "Loss", "loss_class", "make_loss", "register_loss"]
 
 
@@ -60,7 +62,8 @@ def loss_class(name: str) -> type[Loss]:
     try:
         return LOSSES[name]
     except KeyError:
-        raise ValueError(f"unknown loss {name!r}; known: {', '.join(sorted(LOSSES))}") from None
+        raise ValueError(f"unknown loss {name!r}{did_you_mean(name, LOSSES)}; "
+                         f"known: {', '.join(sorted(LOSSES))}") from None
 
 
 def make_loss(name: str, params: Mapping[str, Any] | None = None) -> Loss:
@@ -71,7 +74,7 @@ def make_loss(name: str, params: Mapping[str, Any] | None = None) -> Loss:
     unknown = sorted(set(given) - known)
     if unknown:
         raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for loss {name!r}; "
+            f"unknown parameter(s) {', '.join(unknown)} for loss {name!r}{did_you_mean(unknown[0], known)}; "
             f"known: {', '.join(sorted(known)) or 'none'}"
         )
     return cls(**given)

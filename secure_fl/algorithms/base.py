@@ -61,6 +61,7 @@ from secure_fl.stats import (
     StatisticDeclaration,
     UpdateSettings,
 )
+from secure_fl.suggest import did_you_mean
 from secure_fl.training import (
     ClientData,
     FlatLayout,
@@ -494,7 +495,8 @@ def algorithm_class(name: str) -> type[Method]:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
+        raise ValueError(f"unknown method {name!r}{did_you_mean(name, ALGORITHMS)}; "
+                         f"known: {', '.join(sorted(ALGORITHMS))}") from None
 
 
 def make_algorithm(name: str, params: Mapping[str, Any] | None = None) -> Method:
@@ -505,7 +507,7 @@ def make_algorithm(name: str, params: Mapping[str, Any] | None = None) -> Method
     unknown = sorted(set(given) - known)
     if unknown:
         raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for method {name!r}; "
+            f"unknown parameter(s) {', '.join(unknown)} for method {name!r}{did_you_mean(unknown[0], known)}; "
             f"known: {', '.join(sorted(known)) or 'none'}"
         )
     return cls(cls.Params(**given))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from secure_fl.device import DEVICE_CHOICES
@@ -114,7 +114,7 @@ def format_rounds(summary: Any) -> str:
          *(cell(r) for cell in extra_cells)]
         for r in summary.history
     ]
-    title = f"run {summary.id} — {summary.method}/{summary.loss}, statistics: {summary.protocol}, " \
+    title = f"run {summary.id} — {summary.method}/{summary.loss}, statistics: {statistics_cell(summary)}, " \
             f"updates: {summary.update_protocol}, seed {summary.seed}"
     if summary.label:
         title += f" ({summary.label})"
@@ -123,12 +123,23 @@ def format_rounds(summary: Any) -> str:
     return f"{title}\n{text_table(headers, rows)}"
 
 
+UPDATE_SUMS = frozenset({"model_update", "control_update"})
+"""Model-sized sums: the *updates* column shows their protocol."""
+
+
+def protocols_text(protocols: Mapping[str, str], default: str) -> str:
+    """``name:protocol, ...`` (model-sized sums left out), or ``default`` when there are none."""
+    named = [f"{name}:{protocol}" for name, protocol in sorted(protocols.items()) if name not in UPDATE_SUMS]
+    return ", ".join(named) if named else default
+
+
 def statistics_cell(summary: Any) -> str:
-    """Which protocol each statistic went through, ``name:protocol`` (the run's default when none ran)."""
+    """Which protocol each statistic went through, ``name:protocol``: from the run's releases, else
+    (nothing released yet) from its plan, else the run's default protocol."""
     statistics = getattr(summary, "statistics", None) or {}
-    updates = {"model_update", "control_update"}
-    named = [f"{name}:{entry['protocol']}" for name, entry in statistics.items() if name not in updates]
-    return ", ".join(named) if named else summary.protocol
+    released = {name: entry["protocol"] for name, entry in statistics.items()}
+    planned = getattr(summary, "planned", None) or {}
+    return protocols_text({**planned, **released}, summary.protocol)
 
 
 def format_summary(summaries: Sequence[Any]) -> str:
@@ -169,7 +180,10 @@ class _Progress:
 
     def run_started(self, run: Any, *, position: int, total: int, start_round: int) -> None:
         resumed = f", resuming after round {start_round}" if start_round else ""
-        self._write(f"run {run.id} ({position + 1}/{total}): {run.method}/{run.loss}, statistics: {run.protocol}, "
+        from secure_fl.config import RunConfig, planned_protocols
+
+        statistics = protocols_text(planned_protocols(RunConfig.from_dict(run.config)), run.protocol)
+        self._write(f"run {run.id} ({position + 1}/{total}): {run.method}/{run.loss}, statistics: {statistics}, "
                     f"updates: {run.update_protocol}{resumed} — if interrupted: --resume {run.id}")
         if self.enabled:
             from tqdm import tqdm

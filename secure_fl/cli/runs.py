@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from secure_fl.cli.run import format_value, text_table
+    from secure_fl.cli.run import format_value, statistics_cell, text_table
     from secure_fl.runtime import summarize
     from secure_fl.store import DB_NAME, RunStore, workspace_path
 
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [
         [r.id, r.batch_id, dt.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M"), r.status, r.method,
-         r.loss, r.protocol, r.update_protocol, str(r.seed), f"{r.rounds_done}/{r.rounds}",
+         r.loss, statistics_cell(s), r.update_protocol, str(r.seed), f"{r.rounds_done}/{r.rounds}",
          format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), r.label or r.name]
         for r, s in zip(rows, summaries)
     ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -71,6 +70,8 @@ class RunSummary:
     DP-SGD the run's composed ε), ``epsilon_mean``, ``statistics`` and ``run`` when noised."""
     metrics: dict[str, Any] | None = None
     """Only when the method reported round metrics: ``final`` and ``tail`` (mean) per name."""
+    planned: dict[str, str] = field(default_factory=dict)
+    """The protocol the run's plan gives each statistic (model-sized sums excluded), from its config."""
 
     def as_json(self) -> dict[str, Any]:
         out = {
@@ -183,7 +184,18 @@ def summarize(store: RunStore, run_id: str) -> RunSummary:
         final=_metrics(rows[-1:]), tail=_metrics(rows[-tail_rounds:]), tail_rounds=tail_rounds,
         bytes_total=sum(by_statistic.values()), bytes_by_statistic=dict(sorted(by_statistic.items())),
         statistics=_statistics(rows), history=tuple(rows), privacy=_privacy(rows), metrics=_method_metrics(rows, tail_rounds),
+        planned=_planned(run.config),
     )
+
+
+def _planned(config: dict[str, Any]) -> dict[str, str]:
+    """:func:`~secure_fl.config.planned_protocols` of a stored config ({} if it no longer resolves)."""
+    from secure_fl.config import ConfigError, planned_protocols
+
+    try:
+        return planned_protocols(RunConfig.from_dict(config))
+    except (ConfigError, TypeError, ValueError, KeyError):
+        return {}
 
 
 def execute_run(
@@ -214,7 +226,6 @@ def execute_run(
     if observer is not None:
         observer.run_started(run, position=position, total=total, start_round=sim.next_round)
         sim.on_client = lambda r, done, selected: observer.client_finished(run, r, done, selected)
-    checked_names = False
     try:
         while sim.next_round < config.train.rounds:
             start = time.perf_counter()
@@ -234,9 +245,6 @@ def execute_run(
             )
             declarations = _declarations(sim)
             store.record_round(run_id, row, sim.checkpoint(), declarations)
-            if not checked_names:
-                checked_names = True
-                _warn_unused_privacy(config, sim)
             if observer is not None:
                 observer.round_finished(run, row)
     except BaseException:
@@ -264,28 +272,6 @@ def _declarations(sim: Any) -> dict[str, dict[str, Any]]:
             entry["privacy"] = noisy.describe()
         out[name] = entry
     return out
-
-
-def _warn_unused_privacy(config: RunConfig, sim: Any) -> None:
-    """A ``[privacy.statistics]`` name no statistic has (yet) — most likely a typo."""
-    from secure_fl.stats import DEFAULT_STATISTIC
-
-    updates = sim.plan.updates
-    unnoised = sorted(name for name in config.privacy.statistics
-                      if updates is not None and name in sim.stats.declarations
-                      and sim.stats.declarations[name] == updates.declaration(name))
-    if unnoised:
-        warnings.warn(
-            f"[privacy.statistics] names {', '.join(unnoised)}: model-sized update sums get no distributed-DP "
-            "noise; [privacy.dp_sgd] protects model updates", RuntimeWarning, stacklevel=3,
-        )
-    unknown = sorted(set(config.privacy.statistics) - set(sim.stats.declarations) - {DEFAULT_STATISTIC})
-    if unknown:
-        warnings.warn(
-            f"[privacy.statistics] names {', '.join(unknown)}, which the run has not declared after its first "
-            f"round (declared: {', '.join(sorted(sim.stats.declarations)) or 'none'}); check the spelling",
-            RuntimeWarning, stacklevel=3,
-        )
 
 
 def _describe(config: RunConfig) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from protocols import AbortedError, PolicyError
 from secure_fl.stats import Learned, StatisticDeclaration
+from secure_fl.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from secure_fl.stats.coordinator import StatsCoordinator
@@ -181,7 +182,7 @@ def refuse_unknown(name: str, params: Mapping[str, Any], known: set[str]) -> Non
     unknown = sorted(set(params) - known)
     if unknown:
         raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)} for selection {name!r}; "
+            f"unknown parameter(s) {', '.join(unknown)} for selection {name!r}{did_you_mean(unknown[0], known)}; "
             f"known: {', '.join(sorted(known)) or 'none'}"
         )
 
@@ -209,7 +210,8 @@ def selection_class(name: str) -> type[SelectionStrategy]:
     try:
         return SELECTION_STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown selection {name!r}; known: {', '.join(sorted(SELECTION_STRATEGIES))}") from None
+        raise ValueError(f"unknown selection {name!r}{did_you_mean(name, SELECTION_STRATEGIES)}; "
+                         f"known: {', '.join(sorted(SELECTION_STRATEGIES))}") from None
 
 
 def make_selection(name: str, params: Mapping[str, Any] | None = None) -> SelectionStrategy:

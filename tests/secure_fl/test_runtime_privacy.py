@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -348,7 +349,7 @@ def test_privacy_config_is_validated_and_round_trips() -> None:
     assert type(run).from_dict(run.to_dict()).to_dict() == run.to_dict()
     assert "privacy" not in experiment(extra="").runs[0].to_dict()  # stored configs without DP unchanged
     for extra, message in [
-        ("[privacy.dp_sgd]\nnoise_multiplier = 1.0\nclip = 1.0", "unknown key 'privacy.dp_sgd.clip'; known keys"),
+        ("[privacy.dp_sgd]\nnoise_multiplier = 1.0\nclip = 1.0", "unknown key 'privacy.dp_sgd.clip' (did you mean 'clipping'?); known keys"),
         ("[privacy.dp_sgd]\nmax_grad_norm = 1.0", "exactly one of noise_multiplier and target_epsilon"),
         ("[privacy.dp_sgd]\ntarget_epsilon = -2.0", "privacy.dp_sgd.target_epsilon: must be positive"),
         ("[privacy]\nepsilon = 1.0", "unknown key 'privacy.epsilon'"),
@@ -357,7 +358,7 @@ def test_privacy_config_is_validated_and_round_trips() -> None:
         ("[privacy.statistics]\ntotal_samples = { delta = 1e-5 }", "missing key 'privacy.statistics.total_samples.epsilon'"),
         ("[privacy.statistics]\ntotal_samples = { epsilon = 1.0, level = \"user\" }", "level must be one of"),
     ]:
-        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
             experiment(extra=extra)
 
 
