@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -126,6 +126,10 @@ class ServerParty(Party):
         self.finished = False
         self.rejections: list[str] = []
         """Inputs the server dropped after accepting them (e.g. found invalid when combined)."""
+        self.excluded: dict[PartyId, str] = {}
+        """Participants the server left out of the run on evidence against them, with the reason."""
+        self.rejected_from: dict[PartyId, str] = {}
+        """The last message the driver rejected (or the refusal it received) from each client."""
 
     def start(self) -> list[Outgoing]:
         payload = self.request.to_bytes(clients=self.clients)
@@ -159,6 +163,9 @@ class SumOutcome:
     run_id: str
     timings: Timings
     rejected: tuple[str, ...]
+    excluded: Mapping[PartyId, str] = field(default_factory=dict)
+    """Each participant left out of the sum (``dropped``), with why: the evidence the server
+    had against it, the last message of it that was rejected, its refusal, or no answer."""
 
 
 def stage_names(stages: type[IntEnum]) -> dict[int, str]:

@@ -167,13 +167,16 @@ class SecureSum:
         uploads = [p.timings["upload"] for p in clients.values() if "upload" in p.timings]
         finalize = max((p.timings.get("finalize", 0.0) for p in (server, *clients.values())), default=0.0)
         contributors = server.contributors
+        dropped = tuple(sorted(set(values) - set(contributors)))
+        excluded = {pid: server.excluded.get(pid) or server.rejected_from.get(pid) or "no answer (dropped out)"
+                    for pid in dropped}
         return SumOutcome(
             total=results[0], contributors=contributors,
-            dropped=tuple(sorted(set(values) - set(contributors))), learned_by=frozenset(holders),
+            dropped=dropped, learned_by=frozenset(holders),
             clipped=clipped, run_id=run_id.hex(),
             timings=Timings(client_upload_median=statistics.median(uploads) if uploads else 0.0,
                             aggregate=server.timings.get("aggregate", 0.0), finalize=finalize),
-            rejected=tuple(rejected) + tuple(server.rejections),
+            rejected=tuple(rejected) + tuple(server.rejections), excluded=excluded,
         )
 
     def parties(self) -> dict[PartyId, Party]:

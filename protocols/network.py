@@ -247,6 +247,7 @@ def drive(server: object, network: Network, context: RunContext, *, max_exchange
                             raise StageError(f"client {party} refused another run")
                         reason = read_refusal(env.payload)
                         rejected.append(f"client {party} refused: {reason}")
+                        server.rejected_from[party] = f"refused: {reason}"
                         server.refused(party, reason)
                         continue
                     pending.extend(server.receive(env))
@@ -254,4 +255,5 @@ def drive(server: object, network: Network, context: RunContext, *, max_exchange
                     raise
                 except ProtocolError as error:
                     rejected.append(f"{type(error).__name__}: {error}")
+                    server.rejected_from[party] = f"{type(error).__name__}: {error}"
     raise AbortedError(f"the protocol did not finish within {max_exchanges} exchanges")

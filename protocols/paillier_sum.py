@@ -58,6 +58,10 @@ def _decode(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors:
         raise WireError(f"released sum is impossible: {error}") from error
 
 
+RELEASERS = 2
+"""Key holders asked to release a sum to the server under ``keyholder="all"``."""
+
+
 class PaillierClient(Party):
     """A participant (uploads) or the agent (decrypts); it decrypts exactly when its session holds the key."""
 
@@ -156,9 +160,14 @@ class PaillierServer(ServerParty):
         self.gate = StageGate(run_id, PROTOCOL, SERVER)
         self.uploads: dict[PartyId, list[Any]] = {}
         self.decryptors: tuple[PartyId, ...] = ()
-        self.releaser: PartyId | None = None
+        self.releasers: tuple[PartyId, ...] = ()
+        """Key holders asked to release the sum to the server: up to :data:`RELEASERS` under
+        ``keyholder="all"``, so one that fails to decrypt or drops out costs nothing; their
+        releases must agree exactly."""
+        self.release_from: PartyId | None = None
         self.stage = Stage.UPLOAD
         self._late_open: list[Outgoing] = []
+        self._released: npt.NDArray[np.uint64] | None = None
 
     def start(self) -> list[Outgoing]:
         """Open at the participants; an agent that does not contribute gets its open with the aggregate."""
@@ -179,20 +188,27 @@ class PaillierServer(ServerParty):
             self.gate.record(env)
             self.uploads[env.sender] = ciphertexts
             return []
-        self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
+        self.gate.check(env, allowed_senders=self.releasers)
         released = _read_released(env.payload, self.digest, self.spec, self.clients)
         if released.contributors != self.contributors:
             raise StageError("the key holder released a sum over other contributors than were aggregated")
         result = _decode(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
-        self.gate.open = set()
+        if self._released is not None:
+            if not np.array_equal(self._released, released.encoded_sum):
+                self.result, self.finished = None, False
+                raise AbortedError(f"key holders {self.release_from} and {env.sender} released different sums "
+                                   "of the same aggregate: one of them lies")
+            return []
+        self._released, self.release_from = released.encoded_sum, env.sender
         self.result = result
         self.finished = True
         return self._relay(released.encoded_sum)
 
     def advance(self) -> list[Outgoing]:
         if self.stage != Stage.UPLOAD:
-            raise AbortedError("the key holder did not release the sum (lost or refused)")
+            reasons = "; ".join(f"client {pid}: {self.rejected_from.get(pid, 'no answer')}" for pid in self.releasers)
+            raise AbortedError(f"no key holder released the sum ({reasons})")
         self.stage = Stage.AGGREGATE
         self.gate.open = set()
         with self.timed("aggregate"):
@@ -206,7 +222,7 @@ class PaillierServer(ServerParty):
             if not self.decryptors:
                 raise AbortedError("no contributor holds the key")
         if self.reveal.server:
-            self.releaser = self.decryptors[0]
+            self.releasers = self.decryptors[:RELEASERS]
             self.gate.open = {Stage.RESULT}
         else:
             self.finished = True
@@ -215,7 +231,7 @@ class PaillierServer(ServerParty):
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         out = [o for o in self._late_open if o.envelope.receiver in self.decryptors]
         for pid in self.decryptors:
-            payload = self.digest + bytes([pid == self.releaser]) + body
+            payload = self.digest + bytes([pid in self.releasers]) + body
             out.append(Outgoing(Envelope(PROTOCOL, Stage.AGGREGATE, self.run_id, SERVER, pid, payload), exposure))
         return out
 

@@ -73,6 +73,8 @@ from .messages import (
     UnmaskResponse,
     masked_from_bytes,
     masked_to_bytes,
+    upload_from_bytes,
+    upload_to_bytes,
 )
 from .parameters import (
     GroupParameters,
@@ -102,5 +104,6 @@ __all__ = [
     "MaskingOptions", "MaskingServer", "MaskingServerSession", "NeighbourKeys", "SealedShares",
     "SparseClientSession", "SparseServerSession", "Stage", "UnmaskRequest", "UnmaskResponse",
     "complete_parameters", "group_parameters", "harary_graph", "masked_from_bytes", "masked_to_bytes",
-    "pair_seed", "self_seed", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
+    "pair_seed", "self_seed", "sparse_graph_parameters", "sparse_parameters", "upload_from_bytes",
+    "upload_to_bytes", "word_dtype",
 ]

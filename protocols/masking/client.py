@@ -42,7 +42,7 @@ from .messages import (
     Stage,
     UnmaskRequest,
     UnmaskResponse,
-    masked_to_bytes,
+    upload_to_bytes,
 )
 from .parameters import GroupParameters, word_dtype
 
@@ -135,11 +135,14 @@ class MaskingClient(Party):
         return [self._send(Stage.SHARE_KEYS, SealedShares(tuple(sealed)).to_bytes(),
                            Exposure.sealed(self.party_id))]
 
-    # upload: open the shares held for others, then mask with exactly the neighbours that shared.
+    # upload: open the shares held for others, then mask with exactly the neighbours whose shares
+    # opened. A share pair that fails to open is its owner's fault (or the network's): this client
+    # names the owner in its upload (the server drops the owner) and goes on without it.
     def _upload(self, env: Envelope) -> list[Outgoing]:
         assert self._channel is not None and self._mask_key is not None and self._seed is not None
         relayed = SealedShares.from_bytes(env.payload, parties=self.participants)
         held: dict[PartyId, tuple[int, int]] = {}
+        complaints: list[PartyId] = []
         for owner, box in relayed.entries:
             if owner not in self._neighbours:
                 raise StageError(f"party {owner} is not a neighbour of this client")
@@ -147,19 +150,20 @@ class MaskingClient(Party):
             try:
                 plaintext = open_sealed(self._channel, self._neighbours[owner][0], box,
                                         associated=associated, purpose=SHARE_PURPOSE)
-            except ValueError:
-                raise AuthenticationError("sealed message failed to open") from None
-            if len(plaintext) != SHARE_PLAINTEXT_BYTES:
-                raise WireError("a share pair has the wrong length")
-            held[owner] = (shamir.share_from_bytes(plaintext[: shamir.SHARE_BYTES]),
-                           shamir.share_from_bytes(plaintext[shamir.SHARE_BYTES :]))
+                if len(plaintext) != SHARE_PLAINTEXT_BYTES:
+                    raise WireError("a share pair has the wrong length")
+                held[owner] = (shamir.share_from_bytes(plaintext[: shamir.SHARE_BYTES]),
+                               shamir.share_from_bytes(plaintext[shamir.SHARE_BYTES :]))
+            except (ValueError, AuthenticationError, WireError):
+                complaints.append(owner)
         if len(held) + 1 < self.params.threshold:
-            raise PolicyError(f"only {len(held)} neighbours shared keys; the threshold is {self.params.threshold}")
+            raise PolicyError(f"only {len(held)} neighbours' shares opened here; the threshold is "
+                              f"{self.params.threshold}")
         assert self._words is not None
         with self.timed("upload"):
             add = [self_seed(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)]
             subtract: list[bytes] = []
-            for owner in held:
+            for owner in held:  # not with an owner whose shares failed to open: the server drops it
                 shared = agree(self._mask_key, self._neighbours[owner][1])
                 seed = pair_seed(shared, protocol=self.protocol, run_id=self.run_id, u=self.party_id, v=owner)
                 (add if self.party_id < owner else subtract).append(seed)
@@ -167,7 +171,7 @@ class MaskingClient(Party):
             MaskExpander(self.spec.length, self.dtype).accumulate(words, add=add, subtract=subtract)
             if self.spec.slot_bits < 8 * self.dtype.itemsize:
                 np.bitwise_and(words, self.dtype.type((1 << self.spec.slot_bits) - 1), out=words)
-            payload = masked_to_bytes(words)
+            payload = upload_to_bytes(words, complaints)
         self.gate.record(env)
         self._words = None
         self._held = held

@@ -7,7 +7,8 @@ Layouts (big-endian unless noted; the envelope adds its 34-byte header)::
     share_keys      s -> c   u32 count | (u32 id | advertisement) per neighbour, ascending
     share_keys      c -> s   u32 count | (u32 holder | sealed share pair) per neighbour, ascending
     upload          s -> c   u32 count | (u32 owner | sealed share pair) per neighbour that shared
-    upload          c -> s   u8 word bytes | u32 count | words, little-endian
+    upload          c -> s   u32 count | owners whose sealed shares failed to open | u8 word bytes | u32 count |
+                             words, little-endian
     unmasking       s -> c   u32 count | survivors' ids | u32 count | lost ids
     unmasking       c -> s   u32 count | 33B shares | u32 count | 33B shares
     result          s -> c   a :class:`~protocols.messages.ReleasedSum`
@@ -37,7 +38,7 @@ SIGNATURE_BYTES = 64
 
 __all__ = [
     "KeyAdvert", "NeighbourKeys", "SealedShares", "Stage", "UnmaskRequest", "UnmaskResponse",
-    "masked_from_bytes", "masked_to_bytes",
+    "masked_from_bytes", "masked_to_bytes", "upload_from_bytes", "upload_to_bytes",
 ]
 
 
@@ -225,3 +226,23 @@ def masked_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any]) ->
     if spec.slot_bits < 8 * width and words.size and int(words.max()) >> spec.slot_bits:
         raise WireError(f"a masked entry is not reduced modulo 2**{spec.slot_bits}")
     return words
+
+
+def upload_to_bytes(words: Words, complaints: Sequence[PartyId] = ()) -> bytes:
+    """The masked upload: the owners whose sealed shares failed to open here (each then leaves
+    the sum as a dropout), then the masked vector."""
+    return _write_ids(Writer(), sorted(complaints)).finish() + masked_to_bytes(words)
+
+
+def upload_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any],
+                      owners: frozenset[PartyId]) -> tuple[tuple[PartyId, ...], Words]:
+    """``(complaints, masked words)``; complaints may only name owners whose shares were relayed to the sender."""
+    reader = Reader(data[:4])
+    count = reader.u32()
+    if count > len(owners):
+        raise WireError(f"{count} complaints about {len(owners)} relayed share pairs")
+    head = 4 + 4 * count
+    if len(data) < head:
+        raise WireError("masked upload truncated")
+    complaints = _read_ids(Reader(data[:head]), owners, limit=len(owners))
+    return complaints, masked_from_bytes(data[head:], spec=spec, dtype=dtype)

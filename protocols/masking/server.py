@@ -38,7 +38,7 @@ from .messages import (
     Stage,
     UnmaskRequest,
     UnmaskResponse,
-    masked_from_bytes,
+    upload_from_bytes,
 )
 from .parameters import GroupParameters, harary_graph, word_dtype
 
@@ -65,7 +65,12 @@ class MaskingServer(ServerParty):
         self.graph: dict[PartyId, tuple[PartyId, ...]] = {}
         self.bundles: dict[PartyId, dict[PartyId, bytes]] = {}
         self.shared: tuple[PartyId, ...] = ()
+        self.relayed: dict[PartyId, frozenset[PartyId]] = {}
+        """Whose sealed shares went to each client that shared (it masks with those that opened)."""
         self.total: Words = np.zeros(self.spec.length, dtype=self.dtype)
+        self._uploads: dict[PartyId, Words] = {}
+        self.complaints: dict[PartyId, tuple[PartyId, ...]] = {}
+        """Per uploader, the owners whose sealed shares failed to open there."""
         self.requests: dict[PartyId, UnmaskRequest] = {}
         self.responses: dict[PartyId, UnmaskResponse] = {}
         self._checker = shamir.ShareChecker(params.threshold)
@@ -99,10 +104,14 @@ class MaskingServer(ServerParty):
             self.bundles[env.sender] = dict(bundle.entries)
         elif env.stage == Stage.UPLOAD:
             self.gate.check(env, allowed_senders=self.shared)
-            words = masked_from_bytes(env.payload, spec=self.spec, dtype=self.dtype)
+            complaints, words = upload_from_bytes(env.payload, spec=self.spec, dtype=self.dtype,
+                                                  owners=self.relayed[env.sender])
             self.gate.record(env)
             with self.timed("aggregate"):
                 np.add(self.total, words, out=self.total)
+            self._uploads[env.sender] = words  # a view of the received bytes, kept to undo a dropped owner's
+            if complaints:
+                self.complaints[env.sender] = complaints
         else:  # unmasking, once open; any other stage is refused by the gate
             self.gate.check(env, allowed_senders=tuple(self.requests))
             response = UnmaskResponse.from_bytes(env.payload, self.requests[env.sender])
@@ -146,21 +155,46 @@ class MaskingServer(ServerParty):
         out = []
         for pid in self.shared:
             entries = tuple((owner, self.bundles[owner][pid]) for owner in self.graph[pid] if owner in shared)
+            self.relayed[pid] = frozenset(owner for owner, _ in entries)
             out.append(self._send(Stage.UPLOAD, pid, SealedShares(entries).to_bytes(), Exposure.sealed()))
         self.bundles = {}
         self.stage = Stage.UPLOAD
         self.gate.open = {Stage.UPLOAD}
         return out
 
+    def _holds(self, holder: PartyId, owner: PartyId) -> bool:
+        """Whether ``holder`` opened ``owner``'s sealed shares (it did not complain about them)."""
+        return owner in self.relayed.get(holder, ()) and owner not in self.complaints.get(holder, ())
+
+    def _drop_accused(self, uploaded: set[PartyId]) -> None:
+        """A client whose sealed shares failed to open at a neighbour leaves the sum as a dropout:
+        its upload (if any) is taken back out, and its key is rebuilt like any lost client's."""
+        accused: dict[PartyId, list[PartyId]] = {}
+        for holder, owners in self.complaints.items():
+            for owner in owners:
+                accused.setdefault(owner, []).append(holder)
+        for owner, holders in sorted(accused.items()):
+            reason = (f"its sealed shares failed to open at client{'s' if len(holders) > 1 else ''} "
+                      f"{', '.join(map(str, holders))}")
+            self.excluded[owner] = reason
+            self.rejections.append(f"AuthenticationError: client {owner} dropped: {reason}")
+            if owner in uploaded:
+                with self.timed("aggregate"):
+                    np.subtract(self.total, self._uploads[owner], out=self.total)
+                uploaded.discard(owner)
+        self._uploads = {}
+
     def _after_upload(self) -> list[Outgoing]:
-        uploaded = self.gate.senders(Stage.UPLOAD)
+        uploaded = set(self.gate.senders(Stage.UPLOAD))
+        self._drop_accused(uploaded)
         lost = set(self.shared) - uploaded
         self._need(len(uploaded), "clients that uploaded")
         for pid in uploaded:
-            self._need(1 + sum(v in uploaded for v in self.graph[pid]), f"surviving holders of client {pid}'s seed")
+            self._need(1 + sum(v in uploaded and self._holds(v, pid) for v in self.graph[pid]),
+                       f"surviving holders of client {pid}'s seed")
         for pid in lost:
-            holders = sum(v in uploaded for v in self.graph[pid])
-            if holders:
+            holders = sum(v in uploaded and self._holds(v, pid) for v in self.graph[pid])
+            if holders:  # exactly the survivors that masked with it
                 self._need(holders, f"surviving holders of lost client {pid}'s key")
         if not self._connected(uploaded):
             raise AbortedError("the surviving clients' masking graph fell apart: unmasking would "
@@ -169,7 +203,7 @@ class MaskingServer(ServerParty):
         out = []
         for pid in self.contributors:
             survivors = tuple(sorted([pid, *(v for v in self.graph[pid] if v in uploaded)]))
-            dropped = tuple(v for v in self.graph[pid] if v in lost)
+            dropped = tuple(v for v in self.graph[pid] if v in lost and self._holds(pid, v))
             self.requests[pid] = UnmaskRequest(survivors, dropped)
             out.append(self._send(Stage.UNMASKING, pid, self.requests[pid].to_bytes(), Exposure.public()))
         self.stage = Stage.UNMASKING
@@ -237,7 +271,7 @@ class MaskingServer(ServerParty):
                                   run_id=self.run_id, owner=pid)
                         for pid in self.contributors]
             for pid in lost:
-                survivors = [v for v in self.graph[pid] if v in uploaded]
+                survivors = [v for v in self.graph[pid] if v in uploaded and self._holds(v, pid)]
                 if not survivors:
                     continue
                 key = X25519PrivateKey.from_private_bytes(self._recover(pid, keys.get(pid, []), "key"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from protocols import AbortedError, LocalNetwork, VectorSpec, make_sum
-from protocols.masking import Stage
+from protocols.masking import SealedShares, Stage
 from protocols.primitives import shamir
 from protocols.wire import Envelope
 
@@ -87,3 +87,65 @@ def test_several_corrupted_shares_are_all_named_while_the_surplus_suffices():
     assert np.array_equal(out.total, plain_sum(inputs, range(n)))
     named = " ".join(out.rejected)
     assert "client 2" in named and "client 5" in named
+
+
+# --- one misbehaving client costs only itself ----------------------------------------------------------
+
+def garble_sealed_shares(owner, holders=None):
+    """Flips a bit in every sealed share ``owner`` deals (or those for ``holders``)."""
+
+    def interceptor(data, message):
+        env = message.envelope
+        if env is None or env.stage != Stage.SHARE_KEYS or env.sender != owner:
+            return data
+        parties = frozenset(range(64))
+        bundle = SealedShares.from_bytes(env.payload, parties=parties)
+        entries = tuple((pid, box[:-1] + bytes([box[-1] ^ 1]) if holders is None or pid in holders else box)
+                        for pid, box in bundle.entries)
+        return Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver,
+                        SealedShares(entries).to_bytes()).to_bytes()
+
+    return interceptor
+
+
+@pytest.mark.parametrize("name", ["masking", "secagg+"])
+def test_a_client_whose_sealed_shares_all_fail_is_a_dropout_and_the_round_goes_on(name):
+    """Used to abort the whole round: every holder refused its upload stage."""
+    n, bad = 10, 4
+    inputs = inputs_for(n, 5, 9, seed=7)
+    network = LocalNetwork(interceptor=garble_sealed_shares(bad))
+    out = make_sum(name, clients=range(n), network=network).sum(
+        inputs, spec=VectorSpec(length=5, bound=9, summands=n))
+    assert out.dropped == (bad,)
+    assert "sealed shares failed to open" in out.excluded[bad]
+    assert np.array_equal(out.total, plain_sum(inputs, [c for c in range(n) if c != bad]))
+
+
+def test_a_client_whose_sealed_shares_fail_at_some_holders_is_a_dropout():
+    n, bad = 12, 6
+    inputs = inputs_for(n, 5, 9, seed=8)
+    network = LocalNetwork(interceptor=garble_sealed_shares(bad, holders={0, 11}))
+    out = make_sum("masking", clients=range(n), network=network).sum(
+        inputs, spec=VectorSpec(length=5, bound=9, summands=n))
+    assert out.dropped == (bad,)
+    assert out.excluded[bad].endswith("failed to open at clients 0, 11")
+    assert np.array_equal(out.total, plain_sum(inputs, [c for c in range(n) if c != bad]))
+
+
+def test_malformed_uploads_and_silence_are_dropouts_with_their_reasons():
+    from protocols import DropoutPlan
+
+    def interceptor(data, message):
+        env = message.envelope
+        if env.stage == Stage.UPLOAD and env.sender == 2:
+            return data[:-3]
+        return data
+
+    n = 8
+    inputs = inputs_for(n, 4, 9, seed=9)
+    out = make_sum("masking", clients=range(n), network=LocalNetwork(interceptor=interceptor)).sum(
+        inputs, spec=VectorSpec(length=4, bound=9, summands=n), dropouts=DropoutPlan({5: "upload"}))
+    assert out.dropped == (2, 5)
+    assert out.excluded[2].startswith("WireError")
+    assert out.excluded[5] == "no answer (dropped out)"
+    assert np.array_equal(out.total, plain_sum(inputs, [0, 1, 3, 4, 6, 7]))
