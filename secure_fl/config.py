@@ -380,21 +380,47 @@ TOP_LEVEL = ("name", "seed", "tail_rounds", "data", "model", "train", "method", 
 COMPONENT_DEFAULTS = {"method": "fedavg", "loss": "ce", "selection": "random"}
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate a TOML config file."""
+Override = tuple[str, Any]
+"""``(dotted key, value)`` set in every run after ``[[runs]]`` and ``[sweep]`` (the CLI's ``--set``)."""
+
+
+def load_config(path: str | Path, *, overrides: Sequence[Override] = ()) -> ExperimentConfig:
+    """Read and validate a TOML config file (with ``overrides`` applied to every run)."""
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"{file} is a folder; name a config file (e.g. experiments/demo.toml)")
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: cannot read config: no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: cannot read config: not a text (UTF-8) file; a config is TOML") from None
     except OSError as error:
         raise ConfigError(f"{file}: cannot read config: {error.strerror or error}") from None
-    return parse_config(text, source=str(file))
+    return parse_config(text, source=str(file), assignments=overrides)
 
 
-def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
+def override_value(text: str) -> Any:
+    """A ``--set`` value: read as a TOML value (``3``, ``0.1``, ``true``, ``[1, 2]``, ``"x"``,
+    ``{ name = "fedprox", mu = 0.1 }``), else taken as a string (``paillier``)."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_config(text: str, *, source: str = "<string>", assignments: Sequence[Override] = ()) -> ExperimentConfig:
+    """Validate a config's text; ``assignments`` (``--set``) are applied to every run last."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
+    settable = [k for k in TOP_LEVEL if k not in ("sweep", "runs")]
+    for path, _ in assignments:
+        top = path.split(".")[0]
+        if top not in settable or not all(path.split(".")):
+            raise ConfigError(f"--set {path}: unknown key '{top}'{did_you_mean(top, settable)}; "
+                              f"set one of {', '.join(settable)} (dotted: train.rounds)")
     for key in raw:
         if key not in TOP_LEVEL:
             raise ConfigError(f"{source}: unknown key '{key}'{did_you_mean(key, TOP_LEVEL)}; "
@@ -406,6 +432,8 @@ def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
     if not isinstance(overrides, list) or not overrides or not all(isinstance(o, dict) for o in overrides):
         raise ConfigError(f"{source}: 'runs' must be a non-empty array of tables ([[runs]])")
     axes = _sweep_axes(sweep, source)
+    # a value set from the command line replaces a sweep over it (and over keys inside it)
+    axes = [(p, v) for p, v in axes if not any(p == a or p.startswith(a + ".") for a, _ in assignments)]
     runs: list[RunConfig] = []
     for index, override in enumerate(overrides):
         for key in override:
@@ -420,6 +448,12 @@ def parse_config(text: str, *, source: str = "<string>") -> ExperimentConfig:
             for (path, _), value in zip(axes, combo):
                 _set_path(candidate, path, copy.deepcopy(value))
                 parts.append(f"{path}={_short(value)}")
+            for path, value in assignments:
+                try:
+                    _set_path(candidate, path, copy.deepcopy(override_value(value) if isinstance(value, str)
+                                                             else value))
+                except ConfigError as error:
+                    raise ConfigError(f"--set {path}: {error}") from None
             where = " ".join(parts)
             runs.append(_build_run(candidate, source=source if not where else f"{source} ({where})", label=where))
     _check_statistic_names(runs, source)
@@ -585,12 +619,12 @@ def _set_path(raw: dict[str, Any], path: str, value: Any) -> None:
     node = raw
     for key in keys[:-1]:
         child = node.get(key)
-        if isinstance(child, str) and key in COMPONENT_DEFAULTS:
+        if isinstance(child, str) and (key in COMPONENT_DEFAULTS or key == "model"):
             child = {"name": child}
         if child is None:
             child = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"sweep key '{path}': '{key}' is not a table")
+            raise ConfigError(f"key '{path}': '{key}' is a value, not a table")
         node[key] = child
         node = child
     node[keys[-1]] = value

@@ -7,8 +7,10 @@ clients' pre-sliced tensors move to the device.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEVICE_CHOICES", "configure_threads", "resolve_device"]
 
@@ -17,6 +19,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """Turn ``auto|cpu|cuda|cuda:N`` into a device, refusing CUDA where there is none."""
+    import torch  # here, not at import: the CLI's parser needs DEVICE_CHOICES only
+
     if isinstance(spec, torch.device):
         spec = str(spec)
     name = spec.strip().lower()
@@ -48,5 +52,7 @@ def configure_threads(threads: int | str = "auto") -> int:
         count = threads
     else:
         raise ValueError(f"threads must be 'auto' or a positive integer, got {threads!r}")
+    import torch
+
     torch.set_num_threads(count)
     return count

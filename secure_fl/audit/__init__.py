@@ -10,18 +10,33 @@
 * :mod:`secure_fl.audit.runner` — one method × protocol cell: run, tap, ledger, attacks;
 * :mod:`secure_fl.audit.report` — the matrix, as Markdown, JSON and a heat map.
 
-See docs/audit.md and docs/threat-model.md. Only the ledger and the settings are imported
-here; the rest loads torch and is imported on use.
+See docs/audit.md and docs/threat-model.md. Only the settings are imported here; the
+ledger's names load on first use, the rest is imported on use (all of it loads torch).
 """
 
-from secure_fl.audit.ledger import (
-    ExposureRow,
-    Ledger,
-    LedgerSummary,
-    build_ledger,
-    recoverable_clients,
-)
+from typing import TYPE_CHECKING, Any
+
 from secure_fl.audit.settings import DEFAULT_METHODS, DEFAULT_PROTOCOLS, AuditSettings
+
+if TYPE_CHECKING:
+    from secure_fl.audit.ledger import (
+        ExposureRow,
+        Ledger,
+        LedgerSummary,
+        build_ledger,
+        recoverable_clients,
+    )
+
+_LEDGER = ("ExposureRow", "Ledger", "LedgerSummary", "build_ledger", "recoverable_clients")
+
+
+def __getattr__(name: str) -> Any:
+    """The ledger's names, imported on first use (it loads torch; the CLI's parser needs only the settings)."""
+    if name in _LEDGER:
+        from secure_fl.audit import ledger
+
+        return getattr(ledger, name)
+    raise AttributeError(f"module 'secure_fl.audit' has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_METHODS",

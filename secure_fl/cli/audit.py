@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from typing import Any
+
+log = logging.getLogger("secure_fl.cli")
 
 __all__ = ["register", "run"]
 
@@ -51,7 +53,6 @@ def register(subparsers: Any) -> None:
                         "the audit flags; CKKS has no server mode and uses the agent then)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", metavar="DIR", help="write audit.md, audit.json and audit.png to DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
 
@@ -59,13 +60,15 @@ def _check(args: argparse.Namespace) -> str | None:
     from protocols import PROTOCOLS
     from secure_fl.algorithms import ALGORITHMS
     from secure_fl.audit.settings import DEFAULT_METHODS
+    from secure_fl.suggest import did_you_mean
 
     for name in args.protocols:
         if name not in PROTOCOLS:
-            return f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}"
+            return f"unknown protocol {name!r}{did_you_mean(name, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}"
+    methods = sorted(set(DEFAULT_METHODS) | set(ALGORITHMS))
     for name in args.methods:
-        if name not in DEFAULT_METHODS and name not in ALGORITHMS:
-            return f"unknown method {name!r}; known: {', '.join(sorted(set(DEFAULT_METHODS) | set(ALGORITHMS)))}"
+        if name not in methods:
+            return f"unknown method {name!r}{did_you_mean(name, methods)}; known: {', '.join(methods)}"
     if args.rounds < 1 or args.clients < 1 or not 1 <= args.per_round <= args.clients:
         return "--rounds and --clients must be >= 1 and --per-round in [1, --clients]"
     if not args.alpha > 0:
@@ -74,9 +77,12 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     problem = _check(args)
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+        log.error("%s", problem)
         return 2
     from secure_fl.audit.report import run_audit
     from secure_fl.audit.runner import CellResult
@@ -88,16 +94,17 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def progress(cell: CellResult, done: int, total: int) -> None:
-        if args.quiet:
-            return
         detail = f"max advantage {cell.max_advantage:.2f}" if cell.max_advantage is not None else cell.reason
-        print(f"[{done}/{total}] {cell.method} × {cell.protocol}: {cell.status} ({cell.seconds:.1f} s) {detail}",
-              file=sys.stderr, flush=True)
+        log.info("audit [%d/%d] %s × %s: %s (%.1f s) %s", done, total, cell.method, cell.protocol, cell.status,
+                 cell.seconds, detail)
 
+    cells = len(args.methods) * len(args.protocols)
+    log.info("auditing %d cells (%s × %s), %d rounds of %d of %d clients on %s each", cells,
+             ",".join(args.methods), ",".join(args.protocols), args.rounds, args.per_round, args.clients, args.dataset)
     try:
         report = run_audit(args.methods, args.protocols, settings, progress=progress)
     except (ValueError, OSError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        log.error("%s: %s", type(error).__name__, error)
         return 1
     paths = report.write(args.out) if args.out else {}
     if args.json:

@@ -1,37 +1,45 @@
 """``secure-fl run CONFIG``: execute a config's runs, store them round by round, print results.
 
-People get progress bars (per run over rounds, per round over clients, on stderr when it is
-a terminal), a table of per-round metrics for every run and a summary table; ``--json``
-prints one object instead::
+People get progress (bars on a terminal, per run over rounds and per round over clients; one log
+line per round otherwise), a table of per-round metrics for every run and a summary table;
+``--json`` prints one object instead::
 
-    {"runs": [{"id", "method", "loss", "protocol", "update_protocol", "rounds",
-               "final": {"accuracy", "minority_accuracy", "auc", "per_class_accuracy"},
-               "tail": {same keys}, "bytes": {"total", "by_statistic"},
-               "statistics": {NAME: {"protocol", "bytes", "clipped", "releases"}}, ...}]}
+    {"runs": [{"id", "method", "loss", "protocol", "update_protocol", "selection", "rounds",
+               "status", "error", "final": {"accuracy", "minority_accuracy", "auc",
+               "per_class_accuracy"}, "tail": {same keys}, "bytes": {"total", "by_statistic"},
+               "statistics": {NAME: {"protocol", "bytes", "releases", "clipped", "values",
+                                     "clipped_fraction"}}, ...}]}
 
 ``protocol`` is the run's default for statistics and ``update_protocol`` the model updates';
 ``statistics`` says which protocol each statistic actually went through, what its messages
-cost and how many entries its contributors clipped (``null`` when not counted: noised).
+cost and how many of its summed values its contributors clipped (``null`` when not counted:
+noised).
 
 plus, only when the run used DP, ``"privacy": {"epsilon", "delta", ...}`` (the worst
 client's DP-SGD ε so far) and, only when the method reports round metrics,
 ``"metrics": {"final": {...}, "tail": {...}}``; the tables then get ε and metric columns.
 
-``--resume RUN_ID`` continues the batch that run belongs to (after a crash or a kill): done
-runs are reported from the store, the interrupted one continues after its last stored round.
+A run that fails is marked failed with its reason and the batch goes on (``--fail-fast``
+stops it); the command then exits 1. ``--resume RUN_ID`` continues the batch that run belongs
+to (after a failure, a crash or a kill): done runs are reported from the store, the
+interrupted one continues after its last stored round. ``--set SECTION.KEY=VALUE`` overrides a
+config value in every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from secure_fl.device import DEVICE_CHOICES
 
-__all__ = ["format_rounds", "format_summary", "format_value", "register", "run", "text_table"]
+log = logging.getLogger("secure_fl.cli")
+
+__all__ = ["clipped_cell", "format_rounds", "format_summary", "format_value", "register", "run", "text_table"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="training device (default auto: CUDA when present)")
     parser.add_argument("--threads", default="auto", metavar="N",
                         help="torch intra-op CPU threads (default auto: half the cores)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (a terminal gets bars, other output one line per round)")
+    parser.add_argument("--set", action="append", type=_assignment, default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value in every run, e.g. --set train.rounds=3 --set "
+                             "secure.protocol=paillier (VALUE is read as TOML, else as a string; repeatable)")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop the batch at the first failed run (default: go on with the next run)")
     parser.set_defaults(func=run)
 
 
@@ -142,57 +156,86 @@ def statistics_cell(summary: Any) -> str:
     return protocols_text({**planned, **released}, summary.protocol)
 
 
+def clipped_cell(summary: Any) -> str:
+    """The statistics whose contributors clipped values, with the fraction clipped (``-``: none)."""
+    statistics = getattr(summary, "statistics", None) or {}
+    parts = [f"{name}:{_percent(entry['clipped_fraction'])}" for name, entry in statistics.items()
+             if entry.get("clipped") and entry.get("clipped_fraction") is not None]
+    return ", ".join(parts) if parts else "-"
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.2g}%" if fraction < 0.01 else f"{100 * fraction:.1f}%"
+
+
 def format_summary(summaries: Sequence[Any]) -> str:
-    """One line per run: final and tail metrics, bytes."""
+    """One line per run: protocols, selection, final and tail metrics, clipping, bytes (and the
+    status when a run did not finish)."""
     rows = [
-        [s.id, s.method, s.loss, statistics_cell(s), s.update_protocol, str(s.seed), str(s.rounds),
-         format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), format_value(s.tail["minority_accuracy"]),
-         format_value(s.tail["auc"]), _bytes(s.bytes_total)]
+        [s.id, s.method, s.loss, statistics_cell(s), s.update_protocol, getattr(s, "selection", "random"),
+         str(s.seed), str(s.rounds), format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]),
+         format_value(s.tail["minority_accuracy"]), format_value(s.tail["auc"]), clipped_cell(s), _bytes(s.bytes_total)]
         for s in summaries
     ]
     tail = summaries[0].tail_rounds if summaries else 5
-    headers = ["run", "method", "loss", "statistics", "updates", "seed", "rounds", "final acc",
-               f"tail{tail} acc", f"tail{tail} minority", f"tail{tail} AUC", "bytes"]
+    headers = ["run", "method", "loss", "statistics", "updates", "selection", "seed", "rounds", "final acc",
+               f"tail{tail} acc", f"tail{tail} minority", f"tail{tail} AUC", "clipped", "bytes"]
     if any(getattr(s, "privacy", None) for s in summaries):
         headers.append("ε (δ)")
         for row, s in zip(rows, summaries):
             p = getattr(s, "privacy", None) or {}
             row.append(f"{_epsilon(p['epsilon'])} ({p['delta']:g})" if "epsilon" in p else "-")
+    if any(s.status != "done" for s in summaries):
+        headers.insert(1, "status")
+        for row, s in zip(rows, summaries):
+            row.insert(1, s.status)
     return text_table(headers, rows)
 
 
 class _Progress:
-    """tqdm bars on stderr: one per run (rounds) and one per round (clients)."""
+    """Progress on stderr: tqdm bars (per run over rounds, per round over clients) on a terminal,
+    else one log line per round; the run's header line either way."""
 
-    def __init__(self, *, enabled: bool, stream: TextIO) -> None:
-        self.enabled = enabled
+    def __init__(self, *, bars: bool, stream: TextIO, config: str = "CONFIG") -> None:
+        self.bars = bars
         self.stream = stream
+        self.config = config
+        self.current: Any = None
+        """The run in progress (the CLI names it when interrupted)."""
         self._run_bar: Any = None
         self._client_bar: Any = None
+        self._total = 1
+        self._position = 0
 
     def _write(self, text: str) -> None:
-        if self.enabled:
+        if self.bars:
             from tqdm import tqdm
 
-            tqdm.write(text, file=self.stream)
+            if log.isEnabledFor(logging.INFO):
+                tqdm.write(text, file=self.stream)
+            for handler in log.handlers:  # the log file gets the line too
+                if isinstance(handler, logging.FileHandler):
+                    handler.emit(logging.LogRecord(log.name, logging.INFO, __file__, 0, text, None, None))
         else:
-            print(text, file=self.stream)
+            log.info(text)
 
     def run_started(self, run: Any, *, position: int, total: int, start_round: int) -> None:
-        resumed = f", resuming after round {start_round}" if start_round else ""
         from secure_fl.config import RunConfig, planned_protocols
 
+        self.current, self._position, self._total = run, position, total
         statistics = protocols_text(planned_protocols(RunConfig.from_dict(run.config)), run.protocol)
-        self._write(f"run {run.id} ({position + 1}/{total}): {run.method}/{run.loss}, statistics: {statistics}, "
-                    f"updates: {run.update_protocol}{resumed} — if interrupted: --resume {run.id}")
-        if self.enabled:
+        resumed = f", resuming after round {start_round}" if start_round else ""
+        label = f" ({run.label})" if run.label else ""
+        self._write(f"run {run.id} ({position + 1}/{total}){label}: {run.method}/{run.loss}, statistics: "
+                    f"{statistics}, updates: {run.update_protocol}, {run.rounds} rounds{resumed}")
+        if self.bars:
             from tqdm import tqdm
 
             self._run_bar = tqdm(total=run.rounds, initial=start_round, desc=f"run {position + 1}/{total}",
                                  unit="round", file=self.stream, leave=False, dynamic_ncols=True)
 
     def client_finished(self, run: Any, round: int, done: int, total: int) -> None:
-        if not self.enabled:
+        if not self.bars:
             return
         from tqdm import tqdm
 
@@ -208,44 +251,77 @@ class _Progress:
         if self._run_bar is not None:
             self._run_bar.set_postfix(acc=format_value(row.accuracy, ".3f"))
             self._run_bar.update(1)
+        else:
+            log.info("run %s (%d/%d) round %d/%d: accuracy %s, minority %s, %s, %.1f s", run.id,
+                     self._position + 1, self._total, row.round + 1, run.rounds, format_value(row.accuracy),
+                     format_value(row.minority_accuracy), _bytes(row.bytes_total), row.seconds)
 
     def run_finished(self, run: Any, summary: Any) -> None:
-        if self._run_bar is not None:
-            self._run_bar.close()
-            self._run_bar = None
+        self.close()
+        self.current = None
+
+    def close(self) -> None:
+        for bar in (self._client_bar, self._run_bar):
+            if bar is not None:
+                bar.close()
+        self._run_bar = self._client_bar = None
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     from secure_fl.config import ConfigError, load_config
-    from secure_fl.data import DataError
-    from secure_fl.device import configure_threads, resolve_device
-    from secure_fl.runtime import run_experiment
     from secure_fl.store import RunStore, StoreError
 
     try:
-        experiment = load_config(args.config)
+        experiment = load_config(args.config, overrides=args.set)
+        from secure_fl.device import configure_threads, resolve_device
+
         device = resolve_device(args.device)
         configure_threads(args.threads if args.threads == "auto" else _positive_int(args.threads))
         store = RunStore.open_workspace(args.workspace)
-    except (ConfigError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (ConfigError, StoreError, ValueError) as error:
+        log.error("%s", error)
         return 2
-    progress = _Progress(enabled=not (args.json or args.no_progress) and sys.stderr.isatty(), stream=sys.stderr)
+    from secure_fl.runtime import run_experiment
+
+    bars = not (args.json or args.no_progress) and sys.stderr.isatty() and log.isEnabledFor(logging.INFO)
+    progress = _Progress(bars=bars, stream=sys.stderr, config=args.config)
     try:
         with store:
-            summaries = run_experiment(experiment, store, device=device, resume=args.resume, observer=progress)
-    except (StoreError, DataError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
+            summaries = run_experiment(experiment, store, device=device, resume=args.resume, observer=progress,
+                                       on_failure="stop" if args.fail_fast else "continue")
+    except StoreError as error:
+        progress.close()
+        log.error("%s", error)
         return 2
+    except KeyboardInterrupt:
+        progress.close()
+        if progress.current is not None:
+            log.error("interrupted during run %s; continue the batch with: secure-fl run %s --resume %s%s",
+                      progress.current.id, args.config, progress.current.id,
+                      f" --workspace {args.workspace}" if args.workspace else "")
+        raise
+    failed = [s for s in summaries if s.status == "failed"]
     if args.json:
         json.dump({"runs": [s.as_json() for s in summaries]}, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
-        return 0
-    for summary in summaries:
-        print(format_rounds(summary), end="\n\n")
-    print(format_summary(summaries))
-    print(f"\nstored in {store.path}; list runs with: secure-fl runs"
-          + (f" --workspace {args.workspace}" if args.workspace else ""))
+    else:
+        for summary in summaries:
+            if summary.history:
+                print(format_rounds(summary), end="\n\n")
+        print(format_summary(summaries))
+        where = f" --workspace {args.workspace}" if args.workspace else ""
+        print(f"\nstored in {store.path}; list runs with: secure-fl runs{where}")
+    if failed:
+        skipped = len(experiment.runs) - len(summaries)
+        first = failed[0]
+        log.error("%d of %d runs failed (%s)%s; fix the cause, then continue with: secure-fl run %s --resume %s%s",
+                  len(failed), len(experiment.runs), ", ".join(f"{s.id}: {s.error}" for s in failed),
+                  f", {skipped} not started (--fail-fast)" if skipped else "", args.config, first.id,
+                  f" --workspace {args.workspace}" if args.workspace else "")
+        return 1
     return 0
 
 
@@ -259,8 +335,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _assignment(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
 if __name__ == "__main__":  # python -m secure_fl.cli.run CONFIG ... (same as `secure-fl run`)
-    _parser = argparse.ArgumentParser(prog="secure-fl")
-    register(_parser.add_subparsers(dest="command", required=True))
-    _args = _parser.parse_args(["run", *sys.argv[1:]])
-    raise SystemExit(_args.func(_args))
+    from secure_fl.cli import main
+
+    raise SystemExit(main(["run", *sys.argv[1:]]))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import sys
 
 __all__ = ["register", "run"]
+
+log = logging.getLogger("secure_fl.cli")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,23 +27,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from secure_fl.cli.run import format_value, statistics_cell, text_table
-    from secure_fl.runtime import summarize
-    from secure_fl.store import DB_NAME, RunStore, workspace_path
+    from secure_fl.cli import ensure_logging
 
+    ensure_logging()
+    from secure_fl.cli.run import clipped_cell, format_value, statistics_cell, text_table
+    from secure_fl.runtime import summarize
+    from secure_fl.store import DB_NAME, RunStore, StoreError, workspace_path
+
+    if args.limit is not None and args.limit < 1:
+        log.error("--limit must be >= 1, got %d", args.limit)
+        return 2
     path = workspace_path(args.workspace) / DB_NAME
     if not path.exists():
         if args.json:
             print(json.dumps({"runs": []}))
         else:
-            print(f"no runs yet ({path} does not exist)", file=sys.stderr)
+            log.info("no runs yet (%s does not exist); start one with: secure-fl run CONFIG", path)
         return 0
-    if args.limit is not None and args.limit < 1:
-        print("error: --limit must be >= 1", file=sys.stderr)
+    try:
+        with RunStore.open_readonly(path) as store:  # reads only: works on a read-only or older store
+            rows = store.list_runs(limit=args.limit)
+            summaries = [summarize(store, r.id) for r in rows]
+    except StoreError as error:
+        log.error("%s", error)
         return 2
-    with RunStore(path) as store:
-        rows = store.list_runs(limit=args.limit)
-        summaries = [summarize(store, r.id) for r in rows]
     if args.json:
         out = []
         for row, summary in zip(rows, summaries):
@@ -52,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [
         [r.id, r.batch_id, dt.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M"), r.status, r.method,
-         r.loss, statistics_cell(s), r.update_protocol, str(r.seed), f"{r.rounds_done}/{r.rounds}",
-         format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), r.label or r.name]
+         r.loss, statistics_cell(s), r.update_protocol, s.selection, str(r.seed), f"{r.rounds_done}/{r.rounds}",
+         format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), clipped_cell(s), r.label or r.name]
         for r, s in zip(rows, summaries)
     ]
-    headers = ["run", "batch", "created", "status", "method", "loss", "statistics", "updates", "seed", "rounds",
-               "final acc", "tail acc", "name"]
+    headers = ["run", "batch", "created", "status", "method", "loss", "statistics", "updates", "selection", "seed",
+               "rounds", "final acc", "tail acc", "clipped", "name"]
     if any(s.privacy for s in summaries):  # DP runs: the privacy spent so far, before the name
         headers.insert(-1, "ε (δ)")
         for line, s in zip(table, summaries):
@@ -66,4 +76,7 @@ def run(args: argparse.Namespace) -> int:
             line.insert(-1, "-" if "epsilon" not in p else f"{'inf' if eps is None else format(eps, '.3f')} "
                                                              f"({p['delta']:g})")
     print(text_table(headers, table) if table else "no runs stored")
+    failed = [(r, s) for r, s in zip(rows, summaries) if r.status == "failed"]
+    for r, _ in failed:
+        print(f"run {r.id} failed: {r.error or 'no reason stored'}")
     return 0

@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from protocols import ProtocolError
-
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
@@ -70,6 +68,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from protocols import ProtocolError
     from secure_fl.selection.dubhe import DubheParams
     from secure_fl.selection.study import StudyConfig, run_study
 

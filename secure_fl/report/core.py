@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from secure_fl.store import RoundRow, RunRow, RunStore, StoreError
+from secure_fl.store import DB_NAME, RoundRow, RunRow, RunStore, StoreError, workspace_path
 
 __all__ = [
     "METHOD_LABELS",
@@ -377,7 +377,15 @@ def load_runs(
     if isinstance(sources, str):
         sources = [sources]
     own = store is None
-    store = RunStore.open_workspace(workspace) if store is None else store
+    if store is None:
+        path = workspace_path(workspace) / DB_NAME
+        if not path.is_file():
+            raise ReportError(f"no run store at {path}: run a config first (secure-fl run CONFIG), "
+                              "or name the workspace with --workspace")
+        try:
+            store = RunStore.open_readonly(path)  # a report only reads: works on a read-only store
+        except StoreError as error:
+            raise ReportError(str(error)) from None
     try:
         rows: list[RunRow] = []
         for source in sources:

@@ -11,11 +11,12 @@ instant — SIGKILL included — resumes to the same final metrics as an uninter
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -24,7 +25,13 @@ from secure_fl.data import Dataset
 from secure_fl.runtime.build import build_simulation, load_run_dataset
 from secure_fl.store import ReleaseRow, RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
 
-__all__ = ["RunObserver", "RunSummary", "execute_run", "run_experiment", "summarize"]
+__all__ = ["CLIP_WARNING", "RunObserver", "RunSummary", "describe_error", "execute_run", "run_experiment",
+           "summarize"]
+
+log = logging.getLogger("secure_fl.run")
+
+CLIP_WARNING = 0.01
+"""A run warns (once) when more than this fraction of a statistic's summed values were clipped."""
 
 
 class RunObserver(Protocol):
@@ -72,6 +79,10 @@ class RunSummary:
     """Only when the method reported round metrics: ``final`` and ``tail`` (mean) per name."""
     planned: dict[str, str] = field(default_factory=dict)
     """The protocol the run's plan gives each statistic (model-sized sums excluded), from its config."""
+    selection: str = "random"
+    """The run's selection strategy (its registry name)."""
+    error: str | None = None
+    """Why the run failed (``status == "failed"``), one line."""
 
     def as_json(self) -> dict[str, Any]:
         out = {
@@ -80,7 +91,7 @@ class RunSummary:
             "rounds": self.rounds, "status": self.status, "final": self.final, "tail": self.tail,
             "tail_rounds": self.tail_rounds,
             "bytes": {"total": self.bytes_total, "by_statistic": self.bytes_by_statistic},
-            "statistics": self.statistics,
+            "statistics": self.statistics, "selection": self.selection, "error": self.error,
         }
         if self.privacy is not None:
             out["privacy"] = self.privacy
@@ -155,18 +166,33 @@ def _mean_present(values: Sequence[float | None]) -> float | None:
 
 
 def _statistics(rows: Sequence[RoundRow]) -> dict[str, dict[str, Any]]:
+    """Per statistic: protocol, bytes, releases, ``clipped`` (entries clipped in all its releases;
+    ``None`` when not counted: noised), ``values`` (entries summed: entries × contributors, over
+    its releases; ``None`` when unknown) and ``clipped_fraction`` = clipped / values."""
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
         for release in row.releases:
             entry = out.setdefault(release.statistic, {"protocol": release.protocol, "bytes": 0, "clipped": 0,
-                                                       "releases": 0})
+                                                       "releases": 0, "values": 0})
             if entry["protocol"] != release.protocol:
                 entry["protocol"] = "mixed"
             entry["bytes"] += release.bytes
             entry["releases"] += 1
             entry["clipped"] = None if entry["clipped"] is None or release.clipped is None \
                 else entry["clipped"] + release.clipped
+            entry["values"] = None if entry["values"] is None or release.values is None \
+                else entry["values"] + release.values
+    for entry in out.values():
+        clipped, values = entry["clipped"], entry["values"]
+        entry["clipped_fraction"] = clipped / values if clipped is not None and values else (
+            0.0 if clipped == 0 else None)
     return dict(sorted(out.items()))
+
+
+def over_clipped(statistics: dict[str, dict[str, Any]], limit: float = CLIP_WARNING) -> dict[str, float]:
+    """Statistics more than ``limit`` of whose summed values were clipped: name → fraction."""
+    return {name: entry["clipped_fraction"] for name, entry in statistics.items()
+            if entry.get("clipped_fraction") is not None and entry["clipped_fraction"] > limit}
 
 
 def summarize(store: RunStore, run_id: str) -> RunSummary:
@@ -184,8 +210,13 @@ def summarize(store: RunStore, run_id: str) -> RunSummary:
         final=_metrics(rows[-1:]), tail=_metrics(rows[-tail_rounds:]), tail_rounds=tail_rounds,
         bytes_total=sum(by_statistic.values()), bytes_by_statistic=dict(sorted(by_statistic.items())),
         statistics=_statistics(rows), history=tuple(rows), privacy=_privacy(rows), metrics=_method_metrics(rows, tail_rounds),
-        planned=_planned(run.config),
+        planned=_planned(run.config), selection=_selection_name(run.config), error=run.error,
     )
+
+
+def _selection_name(config: dict[str, Any]) -> str:
+    selection = config.get("selection", "random")
+    return str(selection.get("name", "random") if isinstance(selection, dict) else selection)
 
 
 def _planned(config: dict[str, Any]) -> dict[str, str]:
@@ -196,6 +227,21 @@ def _planned(config: dict[str, Any]) -> dict[str, str]:
         return planned_protocols(RunConfig.from_dict(config))
     except (ConfigError, TypeError, ValueError, KeyError):
         return {}
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a run's failure: the message of the errors a user can act on (a config, the
+    data, the store, a protocol's refusal), the exception's type and message otherwise."""
+    from protocols import ProtocolError
+    from secure_fl.config import ConfigError
+    from secure_fl.data import DataError
+
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    text = " ".join(str(error).split()) or "(no message)"
+    if isinstance(error, (ConfigError, DataError, StoreError, ProtocolError)):
+        return text
+    return f"{type(error).__name__}: {text}"
 
 
 def execute_run(
@@ -209,8 +255,34 @@ def execute_run(
     position: int = 0,
     total: int = 1,
 ) -> RunSummary:
-    """Run (or continue) one stored run to its last round."""
+    """Run (or continue) one stored run to its last round.
+
+    A run that raises — while it is built or in any round, Ctrl-C included — is marked ``failed`` in
+    the store with the reason (:func:`describe_error`) before the error propagates; its stored
+    rounds stay, and ``--resume`` continues it after the last one.
+    """
     run = store.run(run_id)
+    try:
+        _execute(store, run, config, device=device, dataset=dataset, observer=observer, position=position,
+                 total=total)
+    except BaseException as error:
+        try:
+            store.set_status(run_id, "failed", error=describe_error(error))
+        except StoreError:  # the store itself failed: the original error says more
+            pass
+        raise
+    store.set_status(run_id, "done")
+    summary = summarize(store, run_id)
+    if observer is not None:
+        observer.run_finished(run, summary)
+    return summary
+
+
+def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.device, dataset: Dataset | None,
+             observer: RunObserver | None, position: int, total: int) -> None:
+    run_id = run.id
+    if dataset is None:
+        dataset = load_run_dataset(config)
     sim = build_simulation(config, device=device, dataset=dataset)
     checkpoint = store.checkpoint(run_id)
     if checkpoint is not None:
@@ -226,35 +298,50 @@ def execute_run(
     if observer is not None:
         observer.run_started(run, position=position, total=total, start_round=sim.next_round)
         sim.on_client = lambda r, done, selected: observer.client_finished(run, r, done, selected)
-    try:
-        while sim.next_round < config.train.rounds:
-            start = time.perf_counter()
-            result = sim.run_round()
-            metrics = sim.evaluate()
-            row = RoundRow(
-                round=result.round, accuracy=metrics["accuracy"], minority_accuracy=metrics["minority_accuracy"],
-                auc=metrics["auc"], train_loss=result.train_loss, test_loss=metrics["test_loss"],
-                per_class_accuracy=list(metrics["per_class_accuracy"]), clients=list(result.selected),
-                clipped=result.clipped, seconds=time.perf_counter() - start,
-                bytes=sim.stats.bytes_by_statistic(result.round), privacy=result.privacy,
-                # the method's metrics and, named sim.*, the harness's simulator telemetry
-                metrics={**result.metrics, **result.telemetry},
-                releases=[ReleaseRow(statistic=r.name, protocol=r.protocol, contributors=len(r.contributors),
-                                     dropouts=len(r.dropouts), clipped=r.clipped, bytes=r.bytes)
-                          for r in result.releases],
-            )
-            declarations = _declarations(sim)
-            store.record_round(run_id, row, sim.checkpoint(), declarations)
-            if observer is not None:
-                observer.round_finished(run, row)
-    except BaseException:
-        store.set_status(run_id, "failed")
-        raise
-    store.set_status(run_id, "done")
-    summary = summarize(store, run_id)
-    if observer is not None:
-        observer.run_finished(run, summary)
-    return summary
+    history = list(store.rounds(run_id)) if checkpoint is not None else []
+    warned = bool(over_clipped(_statistics(history)))  # a resumed run warned before
+    while sim.next_round < config.train.rounds:
+        start = time.perf_counter()
+        result = sim.run_round()
+        metrics = sim.evaluate()
+        declared = sim.stats.declarations
+        row = RoundRow(
+            round=result.round, accuracy=metrics["accuracy"], minority_accuracy=metrics["minority_accuracy"],
+            auc=metrics["auc"], train_loss=result.train_loss, test_loss=metrics["test_loss"],
+            per_class_accuracy=list(metrics["per_class_accuracy"]), clients=list(result.selected),
+            clipped=result.clipped, seconds=time.perf_counter() - start,
+            bytes=sim.stats.bytes_by_statistic(result.round), privacy=result.privacy,
+            # the method's metrics and, named sim.*, the harness's simulator telemetry
+            metrics={**result.metrics, **result.telemetry},
+            releases=[ReleaseRow(statistic=r.name, protocol=r.protocol, contributors=len(r.contributors),
+                                 dropouts=len(r.dropouts), clipped=r.clipped, bytes=r.bytes,
+                                 entries=declared[r.name].length if r.name in declared else None)
+                      for r in result.releases],
+        )
+        store.record_round(run_id, row, sim.checkpoint(), _declarations(sim))
+        history.append(row)
+        if observer is not None:
+            observer.round_finished(run, row)
+        if not warned:
+            warned = _warn_clipping(run, config, history, declared)
+
+
+def _warn_clipping(run: RunRow, config: RunConfig, history: Sequence[RoundRow], declared: Any) -> bool:
+    """Log one warning when more than :data:`CLIP_WARNING` of a statistic's values were clipped."""
+    over = over_clipped(_statistics(history))
+    if not over:
+        return False
+    parts = []
+    for name, fraction in sorted(over.items()):
+        declaration = declared.get(name)
+        bound = f" to ±{declaration.bound:g}" if declaration is not None else ""
+        parts.append(f"{name} {100 * fraction:.1f} %{bound}")
+    updates = {"model_update", "control_update"} & set(over)
+    hint = (f"raise secure.update_clip (now {config.secure.update_clip:g}) so that model updates fit"
+            if updates else "the clients' values exceed the declared bounds; check the method's bound parameters")
+    log.warning("run %s: more than %g %% of the values summed were clipped (%s): the aggregate is biased; %s",
+                run.id, 100 * CLIP_WARNING, ", ".join(parts), hint)
+    return True
 
 
 def _declarations(sim: Any) -> dict[str, dict[str, Any]]:
@@ -297,8 +384,16 @@ def run_experiment(
     device: torch.device,
     resume: str | None = None,
     observer: RunObserver | None = None,
+    on_failure: Literal["raise", "continue", "stop"] = "raise",
 ) -> list[RunSummary]:
-    """Execute the experiment's runs in turn; with ``resume``, continue that run's batch."""
+    """Execute the experiment's runs in turn; with ``resume``, continue that run's batch.
+
+    A run that fails is marked ``failed`` in the store with its reason. ``on_failure``: ``raise``
+    the error (the remaining runs stay pending); ``continue`` with the next run (the failure is
+    logged as one line, its traceback at debug level); ``stop`` the batch there. Either way the
+    summaries of the runs executed or found done come back, the failed ones with ``status ==
+    "failed"`` and ``error``. Ctrl-C always propagates.
+    """
     if resume is None:
         _, run_ids = store.create_batch(name=experiment.name, source=experiment.source,
                                         runs=[_describe(c) for c in experiment.runs])
@@ -321,9 +416,23 @@ def run_experiment(
             continue
         key = (config.data.dataset, config.data.root, config.data_seed, config.data.test_fraction,
                config.data.test_samples)
-        if key not in datasets:
-            datasets.clear()  # one dataset in memory at a time
-            datasets[key] = load_run_dataset(config)
-        summaries.append(execute_run(store, row.id, config, device=device, dataset=datasets[key],
-                                     observer=observer, position=position, total=len(rows)))
+        try:
+            if key not in datasets:
+                datasets.clear()  # one dataset in memory at a time
+                try:
+                    datasets[key] = load_run_dataset(config)
+                except BaseException as error:
+                    store.set_status(row.id, "failed", error=describe_error(error))
+                    raise
+            summaries.append(execute_run(store, row.id, config, device=device, dataset=datasets[key],
+                                         observer=observer, position=position, total=len(rows)))
+        except Exception as error:
+            if on_failure == "raise":
+                raise
+            label = f" ({row.label})" if row.label else ""
+            log.error("run %s (%d/%d)%s failed: %s", row.id, position + 1, len(rows), label, describe_error(error))
+            log.debug("traceback of run %s", row.id, exc_info=True)
+            summaries.append(summarize(store, row.id))
+            if on_failure == "stop":
+                break
     return summaries

@@ -443,7 +443,7 @@ def _parser() -> argparse.ArgumentParser:
 def test_cli_json_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = _parser().parse_args([
         "audit", "--methods", "fedavg,fedshift", "--protocols", "plain,masking", "--rounds", "2",
-        "--clients", "4", "--per-round", "2", "--json", "--quiet", "--out", str(tmp_path),
+        "--clients", "4", "--per-round", "2", "--json", "--out", str(tmp_path),
     ])
     assert args.func(args) == 0
     data = json.loads(capsys.readouterr().out)
@@ -466,10 +466,10 @@ def test_cli_json_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_rejects_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
-    args = _parser().parse_args(["audit", "--protocols", "rot13", "--quiet"])
+    args = _parser().parse_args(["audit", "--protocols", "rot13"])
     assert args.func(args) == 2
     assert "unknown protocol" in capsys.readouterr().err
-    args = _parser().parse_args(["audit", "--methods", "fedavgg", "--quiet"])
+    args = _parser().parse_args(["audit", "--methods", "fedavgg"])
     assert args.func(args) == 2
 
 
