@@ -24,6 +24,7 @@ from .base import Party, Reveal, SumOutcome, Timings
 from .descriptors import ProtocolDescriptor, descriptor
 from .encoding import VectorSpec, encode
 from .errors import AbortedError
+from .identity import Directory, Identity, make_identities
 from .network import DropoutPlan, LocalNetwork, Message, RunContext, drive
 from .session import ClientEndpoint, ClientSession, ServerSession, SumRequest
 from .transcript import Transcript
@@ -40,7 +41,7 @@ class SecureSum:
     """
 
     def __init__(self, name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
-                 options: Any = None) -> None:
+                 options: Any = None, identities: bool | None = None) -> None:
         self.descriptor: ProtocolDescriptor = descriptor(name)
         self.name = name
         self.server: ServerSession = self.descriptor.server_session(clients=clients, options=options)
@@ -50,6 +51,15 @@ class SecureSum:
         self.sessions: dict[PartyId, ClientSession] = {
             pid: self.descriptor.client_session(pid, clients=self.clients, options=options) for pid in self.clients
         }
+        if identities is None:  # settings against an active server need registered keys
+            identities = bool(getattr(options, "active_server", False))
+        self.identities: dict[PartyId, Identity] = {}
+        self.directory: Directory | None = None
+        if identities:
+            self.identities, self.directory = make_identities(self.clients)
+            self.server.directory = self.directory
+            for pid, session in self.sessions.items():
+                session.register(self.identities[pid], self.directory)
         self._inputs: dict[PartyId, npt.NDArray[Any]] = {}
         self._parties: dict[PartyId, Party] = {}
         self.endpoints: dict[PartyId, ClientEndpoint] = {}
@@ -186,7 +196,8 @@ class SecureSum:
 
 
 def make_sum(name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
-             **options: Any) -> SecureSum:
-    """An embedded protocol session; keyword ``options`` fill that protocol's frozen options."""
+             identities: bool | None = None, **options: Any) -> SecureSum:
+    """An embedded protocol session; keyword ``options`` fill that protocol's frozen options.
+    ``identities`` registers a signing key per party (on by default where the options need them)."""
     d = descriptor(name)
-    return SecureSum(name, clients=clients, network=network, options=d.options(**options))
+    return SecureSum(name, clients=clients, network=network, options=d.options(**options), identities=identities)

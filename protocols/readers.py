@@ -135,6 +135,8 @@ class MaskingReader(MessageReader):
             return 0
         reader = Reader(request.params)
         participants, _degree, threshold = reader.u32(), reader.u32(), reader.u32()
+        if len(request.params) == 13 and reader.u8() != 1:  # the active-server flag
+            raise WireError("bad masking parameter flag")
         reader.end()
         if participants != len(request.participants) or threshold < 1:
             raise WireError("masking parameters that do not fit the run")

@@ -36,6 +36,7 @@ import numpy.typing as npt
 from .base import Outgoing, Party, Reveal, ServerParty
 from .encoding import FloatArray, VectorSpec
 from .errors import EncodingError, ProtocolError, ReplayError, StageError, WireError
+from .identity import Directory, Identity
 from .messages import read_contributors, write_contributors
 from .network import Message, RunContext
 from .transcript import Exposure
@@ -172,6 +173,9 @@ class ServerSession(ABC):
         self.options = options
         self.tag = ""
         """The :attr:`SumRequest.session` of this session's runs (set-up runs included)."""
+        self.directory: Directory | None = None
+        """The registered signing keys of the clients (set-up, :mod:`protocols.identity`): settings
+        that defend against an active server (masking's ``active_server``) check signatures with it."""
 
     @property
     def ready(self) -> bool:
@@ -203,6 +207,16 @@ class ClientSession(ABC):
         self.party_id = party
         self.clients: tuple[PartyId, ...] = tuple(sorted(clients))
         self.options = options
+        self.identity: Identity | None = None
+        """This client's registered signing key, when the deployment registered one."""
+        self.directory: Directory | None = None
+        """Every party's registered signing key (the same directory at every party)."""
+
+    def register(self, identity: Identity, directory: Directory) -> None:
+        """Give this client its signing key and the directory of everyone's (set-up)."""
+        if directory.get(identity.party) != identity.public_bytes or identity.party != self.party_id:
+            raise ValueError("the identity is not this client's registered one")
+        self.identity, self.directory = identity, directory
 
     @abstractmethod
     def join(self, *, run_id: bytes, request: SumRequest, values: npt.NDArray[Any] | None) -> Party:

@@ -3,7 +3,11 @@
 Envelope layout (big-endian)::
 
     magic "SFL" | version u8 | protocol u8 | stage u8 | run_id 16B
-    | sender u32 | receiver u32 | payload_len u32 | payload
+    | sender u32 | receiver u32 | payload_len u32 | payload [| signature 64B]
+
+Version 1 carries no signature; version 2 ends with the sender's Ed25519 signature (see
+:class:`protocols.identity.Authenticator`, which makes and checks it; a receiver configured to
+authenticate refuses version 1).
 
 Payloads are written with :class:`Writer` and read with :class:`Reader`, which
 raises :class:`~protocols.errors.WireError` on any short read, oversize field
@@ -25,6 +29,8 @@ from .errors import WireError
 
 MAGIC: Final = b"SFL"
 VERSION: Final = 1
+VERSION_SIGNED: Final = 2
+SIGNATURE_BYTES: Final = 64
 RUN_ID_BYTES: Final = 16
 SERVER: Final = 0xFFFFFFFF
 """Party id of the aggregator; clients are 0 .. n-1."""
@@ -57,19 +63,36 @@ class Envelope:
     sender: PartyId
     receiver: PartyId
     payload: bytes
+    signature: bytes = b""
+    """The sender's signature (version 2 on the wire), empty when unsigned."""
 
-    def to_bytes(self) -> bytes:
+    def header_bytes(self) -> bytes:
+        """The version-1 header: what a signature covers besides the payload."""
         if self.protocol not in PROTOCOL_CODES:
             raise WireError(f"unknown protocol {self.protocol!r}")
         if len(self.run_id) != RUN_ID_BYTES:
             raise WireError("run id must be 16 bytes")
         if len(self.payload) >= MAX_PAYLOAD:
             raise WireError("payload too large")
-        header = _HEADER.pack(
-            MAGIC, VERSION, PROTOCOL_CODES[self.protocol], self.stage, self.run_id,
-            self.sender, self.receiver, len(self.payload),
-        )
-        return header + self.payload
+        return _HEADER.pack(MAGIC, VERSION, PROTOCOL_CODES[self.protocol], self.stage, self.run_id,
+                            self.sender, self.receiver, len(self.payload))
+
+    def unsigned(self) -> Envelope:
+        return self if not self.signature else Envelope(self.protocol, self.stage, self.run_id, self.sender,
+                                                        self.receiver, self.payload)
+
+    def with_signature(self, signature: bytes) -> Envelope:
+        if len(signature) != SIGNATURE_BYTES:
+            raise WireError(f"a signature is {SIGNATURE_BYTES} bytes")
+        return Envelope(self.protocol, self.stage, self.run_id, self.sender, self.receiver, self.payload, signature)
+
+    def to_bytes(self) -> bytes:
+        header = self.header_bytes()
+        if not self.signature:
+            return header + self.payload
+        if len(self.signature) != SIGNATURE_BYTES:
+            raise WireError(f"a signature is {SIGNATURE_BYTES} bytes")
+        return b"".join((header[:3], bytes([VERSION_SIGNED]), header[4:], self.payload, self.signature))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Envelope:
@@ -78,15 +101,18 @@ class Envelope:
         magic, version, code, stage, run_id, sender, receiver, length = _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise WireError("not a secure-fl message (bad magic)")
-        if version != VERSION:
-            raise WireError(f"unsupported wire version {version}, expected {VERSION}")
+        if version not in (VERSION, VERSION_SIGNED):
+            raise WireError(f"unsupported wire version {version}, expected {VERSION} or {VERSION_SIGNED}")
         if code not in PROTOCOL_NAMES:
             raise WireError(f"unknown protocol code {code}")
-        if len(data) != _HEADER.size + length:
+        trailer = SIGNATURE_BYTES if version == VERSION_SIGNED else 0
+        if len(data) != _HEADER.size + length + trailer:
             raise WireError(
-                f"payload length field says {length} bytes, message carries {len(data) - _HEADER.size}"
+                f"payload length field says {length} bytes, message carries {len(data) - _HEADER.size - trailer}"
             )
-        return cls(PROTOCOL_NAMES[code], stage, bytes(run_id), sender, receiver, bytes(data[_HEADER.size:]))
+        end = _HEADER.size + length
+        return cls(PROTOCOL_NAMES[code], stage, bytes(run_id), sender, receiver, bytes(data[_HEADER.size:end]),
+                   bytes(data[end:]))
 
 
 class Writer:

@@ -28,8 +28,14 @@ Stages (one message per party per stage; a :class:`~protocols.network.DropoutPla
     server -> client: the sealed shares addressed to it, from the neighbours that
     shared (``U2``). client -> server: the masked input, masked with exactly those
     neighbours. Timed as the client's ``upload``.
-(4 is reserved for Bonawitz's consistency check: it only defends against an actively
-malicious server and needs a PKI for signatures; the server here is honest-but-curious.)
+``consistency`` (only with ``MaskingOptions(active_server=True)``)
+    server -> survivor: the survivor set ``U3``. client -> server: its Ed25519 signature (key
+    registered at set-up, :mod:`protocols.identity`) over the run, the advertised set and
+    ``U3`` — Bonawitz et al.'s consistency round. In that setting adverts are signed too,
+    the graph is derived from the run id and the advertised set (each client checks its
+    neighbours), the unmasking request carries ``t`` signatures of the client's
+    neighbourhood on the statement it signed, and ``2t`` exceeds the holders plus the
+    corrupt ones allowed for.
 ``unmasking``
     server -> client: whose self-mask share (neighbours that uploaded, ``U3``, and the
     client itself) and whose key share (neighbours lost after sharing) to reveal.
@@ -80,6 +86,7 @@ from .parameters import (
     GroupParameters,
     MaskingOptions,
     complete_parameters,
+    graph_seed,
     group_parameters,
     harary_graph,
     sparse_graph_parameters,
@@ -103,7 +110,7 @@ __all__ = [
     "CompleteServerSession", "GroupParameters", "KeyAdvert", "MaskingClient", "MaskingClientSession",
     "MaskingOptions", "MaskingServer", "MaskingServerSession", "NeighbourKeys", "SealedShares",
     "SparseClientSession", "SparseServerSession", "Stage", "UnmaskRequest", "UnmaskResponse",
-    "complete_parameters", "group_parameters", "harary_graph", "masked_from_bytes", "masked_to_bytes",
+    "complete_parameters", "graph_seed", "group_parameters", "harary_graph", "masked_from_bytes", "masked_to_bytes",
     "pair_seed", "self_seed", "sparse_graph_parameters", "sparse_parameters", "upload_from_bytes",
     "upload_to_bytes", "word_dtype",
 ]

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from ..base import Outgoing, Party, Reveal, StageGate
 from ..encoding import VectorSpec, decode_sum
 from ..errors import AuthenticationError, EncodingError, PolicyError, StageError, WireError
+from ..identity import Directory, Identity
 from ..messages import ReleasedSum
 from ..primitives import shamir
 from ..primitives.channel import ChannelKey, open_sealed, seal
@@ -26,7 +27,9 @@ from ..wire import SERVER, Envelope, PartyId
 from .keys import (
     SHARE_PLAINTEXT_BYTES,
     SHARE_PURPOSE,
+    advert_statement,
     agree,
+    consistency_statement,
     load_public,
     pair_seed,
     raw_private,
@@ -36,6 +39,7 @@ from .keys import (
     share_associated,
 )
 from .messages import (
+    ConsistencyRequest,
     KeyAdvert,
     NeighbourKeys,
     SealedShares,
@@ -44,7 +48,7 @@ from .messages import (
     UnmaskResponse,
     upload_to_bytes,
 )
-from .parameters import GroupParameters, word_dtype
+from .parameters import GroupParameters, graph_seed, harary_graph, word_dtype
 
 __all__ = ["MaskingClient"]
 
@@ -54,8 +58,13 @@ class MaskingClient(Party):
 
     def __init__(self, party_id: PartyId, *, protocol: str, run_id: bytes, spec: VectorSpec, reveal: Reveal,
                  words: Words, params: GroupParameters, participants: tuple[PartyId, ...],
-                 clients: tuple[PartyId, ...]) -> None:
+                 clients: tuple[PartyId, ...], identity: Identity | None = None,
+                 directory: Directory | None = None) -> None:
         super().__init__(party_id)
+        if params.active and (identity is None or directory is None):
+            raise PolicyError("the active-server setting needs this client's registered signing key and the "
+                              "directory of everyone's")
+        self.identity, self.directory = identity, directory
         self.protocol, self.run_id, self.spec, self.params = protocol, run_id, spec, params
         self.reveal, self.clients = reveal, clients
         self.participants = frozenset(participants)
@@ -72,6 +81,16 @@ class MaskingClient(Party):
         self._held: dict[PartyId, tuple[int, int]] = {}
         self._answered: UnmaskRequest | None = None
         """The unmasking request this client answered: the released sum must agree with it."""
+        self._advertised: tuple[PartyId, ...] = ()
+        self._told: tuple[PartyId, ...] | None = None
+        self._statement: bytes = b""
+        self._signature: bytes = b""
+        """Active-server setting: the advertised set, the survivor set this client signed, the
+        statement and its signature."""
+
+    @property
+    def active(self) -> bool:
+        return self.params.active
 
     def start(self) -> list[Outgoing]:
         """Stage ``advertise_keys``, in reply to ``open``: two fresh public keys."""
@@ -80,6 +99,10 @@ class MaskingClient(Party):
         self._seed = secrets.token_bytes(shamir.SECRET_BYTES)
         commitment = seed_commitment(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)
         advert = KeyAdvert(self._channel.public_bytes, raw_public(self._mask_key), commitment)
+        if self.active:
+            assert self.identity is not None
+            advert = KeyAdvert(advert.channel_key, advert.mask_key, commitment, self.identity.sign(advert_statement(
+                self.protocol, self.run_id, self.party_id, advert.channel_key, advert.mask_key, commitment)))
         self.gate.open = {Stage.SHARE_KEYS}
         return [self._send(Stage.ADVERTISE_KEYS, advert.to_bytes(), Exposure.public())]
 
@@ -89,6 +112,8 @@ class MaskingClient(Party):
             return self._share_keys(env)
         if env.stage == Stage.UPLOAD:
             return self._upload(env)
+        if env.stage == Stage.CONSISTENCY:
+            return self._consistency(env)
         if env.stage == Stage.UNMASKING:
             return self._unmask(env)
         return self._result(env)
@@ -99,11 +124,13 @@ class MaskingClient(Party):
     # share_keys: split b and s_sk among the neighbours and seal one pair of shares for each.
     def _share_keys(self, env: Envelope) -> list[Outgoing]:
         assert self._channel is not None and self._mask_key is not None and self._seed is not None
-        keys = NeighbourKeys.from_bytes(env.payload, parties=self.participants)
+        keys = NeighbourKeys.from_bytes(env.payload, parties=self.participants, signed=self.active)
         own = {self._channel.public_bytes, raw_public(self._mask_key)}
         ids = [pid for pid, _ in keys.entries]
         if self.party_id in ids:
             raise WireError("a client is not its own neighbour")
+        if self.active:
+            self._check_neighbourhood(keys)
         if len(ids) > self.params.degree:
             raise PolicyError(f"{len(ids)} neighbours exceed the run's degree {self.params.degree}")
         if len(ids) + 1 < self.params.threshold:
@@ -130,10 +157,27 @@ class MaskingClient(Party):
                 sealed.append((pid, box))
         self.gate.record(env)
         self._neighbours = neighbours
+        self._advertised = keys.advertised
         self._own_shares = (seed_shares[self.party_id], key_shares[self.party_id])
         self.gate.open = {Stage.UPLOAD}
         return [self._send(Stage.SHARE_KEYS, SealedShares(tuple(sealed)).to_bytes(),
                            Exposure.sealed(self.party_id))]
+
+    def _check_neighbourhood(self, keys: NeighbourKeys) -> None:
+        """Active-server setting: every neighbour's advertisement carries its registered
+        signature, and the neighbours are exactly this client's in the graph every client derives
+        from the run id and the advertised set (the server cannot pick or vary them)."""
+        assert self.directory is not None
+        if self.party_id not in keys.advertised:
+            raise PolicyError("the advertised set leaves out this client although it advertised")
+        for pid, advert in keys.entries:
+            statement = advert_statement(self.protocol, self.run_id, pid, advert.channel_key, advert.mask_key,
+                                         advert.commitment)
+            self.directory.verify(pid, statement, advert.signature, what="advertised keys")
+        graph = harary_graph(keys.advertised, self.params.degree,
+                             seed=graph_seed(self.protocol, self.run_id, keys.advertised))
+        if tuple(pid for pid, _ in keys.entries) != graph[self.party_id]:
+            raise PolicyError("the neighbours the server named are not this client's in the run's graph")
 
     # upload: open the shares held for others, then mask with exactly the neighbours whose shares
     # opened. A share pair that fails to open is its owner's fault (or the network's): this client
@@ -175,20 +219,66 @@ class MaskingClient(Party):
         self.gate.record(env)
         self._words = None
         self._held = held
-        self.gate.open = {Stage.UNMASKING}
+        self.gate.open = {Stage.CONSISTENCY} if self.active else {Stage.UNMASKING}
         return [self._send(Stage.UPLOAD, payload, Exposure.masked(self.spec.length, self.party_id))]
+
+    # consistency (active-server setting): sign the survivor set the server tells this client.
+    def _consistency(self, env: Envelope) -> list[Outgoing]:
+        assert self.identity is not None
+        told = ConsistencyRequest.from_bytes(env.payload, parties=self.participants).survivors
+        if self.party_id not in told:
+            raise PolicyError("the survivor set leaves out this client although it uploaded")
+        if not set(told) <= set(self._advertised):
+            raise PolicyError("the survivor set names clients that never advertised")
+        if 1 + sum(pid in told for pid in self._held) < self.params.threshold:
+            raise PolicyError(f"fewer than {self.params.threshold} survivors among this client's neighbourhood")
+        statement = consistency_statement(self.protocol, self.run_id, self._advertised, told)
+        self.gate.record(env)
+        self._told, self._statement = told, statement
+        self._signature = self.identity.sign(statement)
+        self.gate.open = {Stage.UNMASKING}
+        return [self._send(Stage.CONSISTENCY, self._signature, Exposure.public())]
+
+    def check_consistency(self, request: UnmaskRequest) -> None:
+        """Active-server setting: reveal only along the survivor set this client signed, and only
+        with ``t`` signatures of its neighbourhood (itself included) on the same statement."""
+        assert self._told is not None and self.directory is not None
+        told = set(self._told)
+        if not set(request.survivors) <= told:
+            raise PolicyError("asked for the seed share of a client outside the survivor set this client signed")
+        if set(request.dropped) & told:
+            raise PolicyError("asked for the key share of a client inside the survivor set this client signed")
+        neighbourhood = set(self._neighbours) | {self.party_id}
+        signers = [signer for signer, _ in request.signatures]
+        if not set(signers) <= told & neighbourhood:
+            raise PolicyError("consistency signatures from outside this client's surviving neighbourhood")
+        valid = 0
+        for signer, signature in request.signatures:
+            if valid >= self.params.threshold:
+                break  # t matching signatures settle it; the rest need no checking
+            if signer == self.party_id:
+                if signature != self._signature:
+                    raise AuthenticationError("this client's own consistency signature came back altered")
+            else:
+                self.directory.verify(signer, self._statement, signature, what="consistency signature")
+            valid += 1
+        if valid < self.params.threshold:
+            raise PolicyError(f"only {valid} consistency signatures; revealing needs {self.params.threshold}")
 
     # unmasking: reveal one share per party, never both of one party.
     def _unmask(self, env: Envelope) -> list[Outgoing]:
         assert self._own_shares is not None
-        request = UnmaskRequest.from_bytes(env.payload, parties=self.participants)
+        request = UnmaskRequest.from_bytes(env.payload, parties=self.participants, signed=self.active)
         self.check_request(request)
+        if self.active:
+            self.check_consistency(request)
         b_shares = tuple(self._own_shares[0] if pid == self.party_id else self._held[pid][0]
                          for pid in request.survivors)
         s_shares = tuple(self._held[pid][1] for pid in request.dropped)
         self.gate.record(env)
         # Nothing secret is needed any more: forget it.
         self._seed, self._own_shares, self._held, self._mask_key = None, None, {}, None
+        self._statement = self._signature = b""
         self._answered = request
         self.gate.open = {Stage.RESULT} if self.reveal.clients else set()
         return [self._send(Stage.UNMASKING, UnmaskResponse(b_shares, s_shares).to_bytes(), Exposure.public())]

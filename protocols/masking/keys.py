@@ -21,8 +21,22 @@ from ..primitives.prg import SEED_BYTES
 from ..wire import PROTOCOL_CODES, PartyId
 
 __all__ = [
-    "COMMITMENT_BYTES", "SEALED_SHARE_BYTES", "SHARE_PLAINTEXT_BYTES", "SHARE_PURPOSE", "agree", "check_public",
-    "load_public", "matches_commitment", "pair_seed", "raw_private", "raw_public", "seed_commitment", "self_seed", "share_associated",
+    "COMMITMENT_BYTES",
+    "SEALED_SHARE_BYTES",
+    "SHARE_PLAINTEXT_BYTES",
+    "SHARE_PURPOSE",
+    "advert_statement",
+    "agree",
+    "check_public",
+    "consistency_statement",
+    "load_public",
+    "matches_commitment",
+    "pair_seed",
+    "raw_private",
+    "raw_public",
+    "seed_commitment",
+    "self_seed",
+    "share_associated",
 ]
 
 SHARE_PLAINTEXT_BYTES: Final = 2 * shamir.SHARE_BYTES
@@ -91,6 +105,28 @@ def seed_commitment(seed: bytes, *, protocol: str, run_id: bytes, owner: PartyId
 
 def matches_commitment(seed: bytes, commitment: bytes, *, protocol: str, run_id: bytes, owner: PartyId) -> bool:
     return hmac.compare_digest(seed_commitment(seed, protocol=protocol, run_id=run_id, owner=owner), commitment)
+
+
+def _ids(ids: list[PartyId] | tuple[PartyId, ...]) -> bytes:
+    return b"".join(_u32(pid) for pid in ids)
+
+
+def advert_statement(protocol: str, run_id: bytes, owner: PartyId, channel_key: bytes, mask_key: bytes,
+                     commitment: bytes) -> bytes:
+    """What a client signs with its registered key when it advertises (active-server setting):
+    its two fresh public keys and its seed commitment, bound to the run and to itself."""
+    return (b"secure-fl/masking/advert/" + protocol.encode() + run_id + _u32(owner)
+            + channel_key + mask_key + commitment)
+
+
+def consistency_statement(protocol: str, run_id: bytes, advertised: tuple[PartyId, ...],
+                          survivors: tuple[PartyId, ...]) -> bytes:
+    """What a survivor signs in the consistency round: the advertised set (hence the graph) and
+    the survivor set it was told. Every honest client signs one statement per run."""
+    digest = hashlib.sha256(b"secure-fl/masking/consistency/" + protocol.encode() + run_id)
+    digest.update(_u32(len(advertised)) + _ids(advertised))
+    digest.update(_u32(len(survivors)) + _ids(survivors))
+    return digest.digest()
 
 
 def share_associated(protocol: str, run_id: bytes, owner: PartyId, holder: PartyId) -> bytes:

@@ -5,11 +5,15 @@ Layouts (big-endian unless noted; the envelope adds its 34-byte header)::
 
     advertise_keys  c -> s   channel key 32B | mask key 32B | seed commitment 32B [| signature 64B]
     share_keys      s -> c   u32 count | (u32 id | advertisement) per neighbour, ascending
+                             [| u32 count | ids of every client that advertised]  (active-server setting)
     share_keys      c -> s   u32 count | (u32 holder | sealed share pair) per neighbour, ascending
     upload          s -> c   u32 count | (u32 owner | sealed share pair) per neighbour that shared
     upload          c -> s   u32 count | owners whose sealed shares failed to open | u8 word bytes | u32 count |
                              words, little-endian
+    consistency     s -> c   u32 count | survivors' ids                  (active-server setting only)
+    consistency     c -> s   signature 64B over the survivors it was told  (active-server setting only)
     unmasking       s -> c   u32 count | survivors' ids | u32 count | lost ids
+                             [| u32 count | (u32 signer | signature) ascending]  (active-server setting)
     unmasking       c -> s   u32 count | 33B shares | u32 count | 33B shares
     result          s -> c   a :class:`~protocols.messages.ReleasedSum`
 """
@@ -37,8 +41,19 @@ from .keys import COMMITMENT_BYTES, SEALED_SHARE_BYTES
 SIGNATURE_BYTES = 64
 
 __all__ = [
-    "KeyAdvert", "NeighbourKeys", "SealedShares", "Stage", "UnmaskRequest", "UnmaskResponse",
-    "masked_from_bytes", "masked_to_bytes", "upload_from_bytes", "upload_to_bytes",
+    "SIGNATURE_BYTES",
+    "ConsistencyRequest",
+    "KeyAdvert",
+    "NeighbourKeys",
+    "SealedShares",
+    "Stage",
+    "UnmaskRequest",
+    "UnmaskResponse",
+    "masked_from_bytes",
+    "masked_to_bytes",
+    "read_signature",
+    "upload_from_bytes",
+    "upload_to_bytes",
 ]
 
 
@@ -48,7 +63,8 @@ class Stage(IntEnum):
     ADVERTISE_KEYS = 1
     SHARE_KEYS = 2
     UPLOAD = 3
-    # 4: Bonawitz's consistency check, reserved (see the package docstring).
+    CONSISTENCY = 4
+    """Bonawitz's consistency round: only in the active-server setting."""
     UNMASKING = 5
     RESULT = 6
 
@@ -106,15 +122,19 @@ class KeyAdvert:
 
 @dataclass(frozen=True)
 class NeighbourKeys:
-    """Server -> client: each neighbour's advertisement, by increasing id."""
+    """Server -> client: each neighbour's advertisement, by increasing id; in the active-server
+    setting (``signed``) the adverts carry their signatures and ``advertised`` lists every client
+    that advertised (the graph is derived from it, and every client checks its neighbours)."""
 
     entries: tuple[tuple[PartyId, KeyAdvert], ...]
+    advertised: tuple[PartyId, ...] = ()
 
     def to_bytes(self) -> bytes:
         writer = Writer().u32(len(self.entries))
         for pid, advert in self.entries:
             advert._write(writer.u32(pid))
-        return writer.finish()
+        signed = bool(self.entries) and bool(self.entries[0][1].signature)
+        return (_write_ids(writer, self.advertised) if signed or self.advertised else writer).finish()
 
     @classmethod
     def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId], signed: bool = False) -> NeighbourKeys:
@@ -123,11 +143,39 @@ class NeighbourKeys:
         if count >= len(parties):
             raise WireError(f"{count} neighbours is not possible among {len(parties)} participants")
         entries = tuple((reader.u32(), KeyAdvert.read(reader, signed=signed)) for _ in range(count))
+        advertised = _read_ids(reader, parties, limit=len(parties)) if signed else ()
         reader.end()
         ids = [e[0] for e in entries]
         if any(b <= a for a, b in pairwise(ids)) or not set(ids) <= parties:
             raise WireError("neighbour list is unsorted, repeated or names outsiders")
-        return cls(entries)
+        if signed and not set(ids) < set(advertised):
+            raise WireError("neighbours that did not advertise")
+        return cls(entries, advertised)
+
+
+@dataclass(frozen=True)
+class ConsistencyRequest:
+    """Server -> survivor (active-server setting): the clients whose uploads the server kept."""
+
+    survivors: tuple[PartyId, ...]
+
+    def to_bytes(self) -> bytes:
+        return _write_ids(Writer(), self.survivors).finish()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> ConsistencyRequest:
+        reader = Reader(data)
+        survivors = _read_ids(reader, parties, limit=len(parties))
+        reader.end()
+        return cls(survivors)
+
+
+def read_signature(data: bytes) -> bytes:
+    """A client's consistency signature (its whole reply at stage 4)."""
+    reader = Reader(data)
+    signature = reader.raw(SIGNATURE_BYTES)
+    reader.end()
+    return signature
 
 
 @dataclass(frozen=True)
@@ -159,21 +207,38 @@ class SealedShares:
 
 @dataclass(frozen=True)
 class UnmaskRequest:
-    """Whose self-mask share (``survivors``) and whose mask-key share (``dropped``) to reveal."""
+    """Whose self-mask share (``survivors``) and whose mask-key share (``dropped``) to reveal;
+    in the active-server setting with the consistency signatures of the receiver's
+    neighbourhood, ``(signer, signature)`` by increasing signer."""
 
     survivors: tuple[PartyId, ...]
     dropped: tuple[PartyId, ...]
+    signatures: tuple[tuple[PartyId, bytes], ...] = ()
 
     def to_bytes(self) -> bytes:
-        return _write_ids(_write_ids(Writer(), self.survivors), self.dropped).finish()
+        writer = _write_ids(_write_ids(Writer(), self.survivors), self.dropped)
+        if self.signatures:
+            writer.u32(len(self.signatures))
+            for signer, signature in self.signatures:
+                writer.u32(signer).raw(signature)
+        return writer.finish()
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> UnmaskRequest:
+    def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId], signed: bool = False) -> UnmaskRequest:
         reader = Reader(data)
         survivors = _read_ids(reader, parties, limit=len(parties))
         dropped = _read_ids(reader, parties, limit=len(parties))
+        signatures: tuple[tuple[PartyId, bytes], ...] = ()
+        if signed:
+            count = reader.u32()
+            if count > len(parties):
+                raise WireError(f"{count} signatures among {len(parties)} participants")
+            signatures = tuple((reader.u32(), reader.raw(SIGNATURE_BYTES)) for _ in range(count))
+            signers = [signer for signer, _ in signatures]
+            if any(b <= a for a, b in pairwise(signers)) or not set(signers) <= parties:
+                raise WireError("signers are unsorted, repeated or outsiders")
         reader.end()
-        return cls(survivors, dropped)
+        return cls(survivors, dropped, signatures)
 
 
 @dataclass(frozen=True)

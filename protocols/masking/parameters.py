@@ -7,6 +7,8 @@ client never takes the server's word for them.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import secrets
 from collections.abc import Sequence
@@ -20,8 +22,8 @@ from ..errors import ThresholdError
 from ..wire import PartyId, Writer
 
 __all__ = [
-    "GroupParameters", "MaskingOptions", "complete_parameters", "group_parameters", "harary_graph",
-    "resolve_threshold", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
+    "GroupParameters", "MaskingOptions", "active_threshold", "complete_parameters", "graph_seed", "group_parameters",
+    "harary_graph", "resolve_threshold", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
 ]
 
 
@@ -49,6 +51,18 @@ class MaskingOptions:
         ``sigma`` and ``eta`` of the bounds: the graph leaks a partial sum with
         probability below ``2**-sigma``, and a round fails for lack of shares with
         probability below ``2**-eta`` when the rates hold.
+    ``active_server``
+        Defend against a server that deviates from the protocol (Bonawitz et al. 2017, §4;
+        Bell et al. 2020): every client needs a registered Ed25519 signing key
+        (:mod:`protocols.identity`); advertised keys are signed and checked by every
+        neighbour; the graph is derived from the run id and the advertised set, and each
+        client checks its neighbourhood against it; a consistency round (stage 4) has every
+        survivor sign the survivor set it was told, and a client reveals shares only with
+        ``t`` matching signatures of its neighbourhood; and ``t`` is a strict majority of each
+        secret's holders beyond the corrupt ones (``2t > k + 1 + c``), so a server that tells
+        different holders different stories never collects both secrets of one client.
+        Costs one more round trip and ``deg`` signature checks per client per stage that
+        relays keys or signatures; ``secagg+`` then needs a larger degree.
     """
 
     threshold: int | float | None = None
@@ -57,8 +71,11 @@ class MaskingOptions:
     corruption_rate: float = 0.05
     security_bits: int = 40
     correctness_bits: int = 20
+    active_server: bool = False
 
     def __post_init__(self) -> None:
+        if type(self.active_server) is not bool:
+            raise ValueError(f"active_server must be a bool, got {self.active_server!r}")
         t = self.threshold
         if t is not None:
             if isinstance(t, bool) or not isinstance(t, (int, float)):
@@ -93,6 +110,8 @@ class GroupParameters:
     participants: int
     degree: int
     threshold: int
+    active: bool = False
+    """The active-server setting (signed keys, the consistency round, a majority threshold)."""
 
     @property
     def complete(self) -> bool:
@@ -100,8 +119,10 @@ class GroupParameters:
 
     def to_bytes(self) -> bytes:
         """The run's ``SumRequest.params``: what the server computed, which every client
-        compares with its own computation (a mismatch means different options: refuse)."""
-        return Writer().u32(self.participants).u32(self.degree).u32(self.threshold).finish()
+        compares with its own computation (a mismatch means different options: refuse).
+        The active-server setting appends one byte."""
+        writer = Writer().u32(self.participants).u32(self.degree).u32(self.threshold)
+        return (writer.u8(1) if self.active else writer).finish()
 
 
 def _lchoose(n: int, k: int) -> float:
@@ -117,9 +138,32 @@ def _hypergeometric(population: int, successes: int, draws: int) -> list[float]:
             for x in range(draws + 1)]
 
 
+@lru_cache(maxsize=1024)
+def corrupt_neighbours(n: int, k: int, corrupt: int, security_bits: int) -> int:
+    """The most corrupt neighbours a client has among ``k`` drawn from the other ``n - 1``
+    (``corrupt`` of them corrupt), except with probability ``2**-(sigma+1) / n``."""
+    eps_security = 2.0 ** -(security_bits + 1) / n
+    corrupt_pmf = _hypergeometric(n - 1, corrupt, k)
+    bound, tail = k, 0.0  # smallest x with P[corrupt neighbours > x] <= eps
+    for x in range(k, -1, -1):
+        if tail > eps_security:
+            break
+        bound = x
+        tail += corrupt_pmf[x]
+    return bound
+
+
+def active_threshold(holders: int, corrupt: int) -> int:
+    """Smallest ``t`` with ``2t > holders + corrupt``: two groups of holders that each reach
+    ``t`` must share more than the corrupt ones, so some honest holder would have to reveal
+    both secrets of one client, which it never does."""
+    return (holders + corrupt) // 2 + 1
+
+
 @lru_cache(maxsize=128)
 def sparse_graph_parameters(
     n: int, *, dropout_rate: float, corruption_rate: float, security_bits: int = 40, correctness_bits: int = 20,
+    active: bool = False,
 ) -> tuple[int, int, int] | None:
     """Smallest even degree ``k`` and the admissible thresholds ``[t_low, t_high]`` for SecAgg+.
 
@@ -137,6 +181,11 @@ def sparse_graph_parameters(
        ``t_high`` bounds the latter from below except with probability ``2**-eta / n``
        (every needed secret keeps ``t`` holders).
 
+    With ``active`` (an active server), ``t_low`` is raised to
+    :func:`active_threshold` ``(k + 1, t_low - 1)`` — a strict majority of the holders beyond the
+    ``t_low - 1`` corrupt neighbours the bound allows — and the search goes on to larger ``k``
+    until that still meets ``t_high``.
+
     Returns ``None`` when no ``k < n - 1`` qualifies (small ``n`` or high rates): use the
     complete graph.
     """
@@ -146,7 +195,6 @@ def sparse_graph_parameters(
     lost = math.ceil(dropout_rate * n - 1e-9)
     bad = corrupt + lost
     log_sec = -(security_bits + 1) * math.log(2)
-    eps_security = 2.0 ** -(security_bits + 1) / n
     eps_correct = 2.0 ** -correctness_bits / n
     for k in range(2, n - 1, 2):
         if k <= bad:
@@ -154,13 +202,7 @@ def sparse_graph_parameters(
                               + _lchoose(bad, k) - _lchoose(n, k))
             if log_disconnect >= log_sec:
                 continue
-        corrupt_pmf = _hypergeometric(n - 1, corrupt, k)
-        t_low_minus_1, tail = k, 0.0  # smallest x with P[corrupt neighbours > x] <= eps
-        for x in range(k, -1, -1):
-            if tail > eps_security:
-                break
-            t_low_minus_1 = x
-            tail += corrupt_pmf[x]
+        t_low_minus_1 = corrupt_neighbours(n, k, corrupt, security_bits)
         survive_pmf = _hypergeometric(n - 1, n - lost - 1, k)
         t_high, below = 0, 0.0  # largest x with P[surviving neighbours < x] <= eps
         for x in range(k + 1):
@@ -169,6 +211,8 @@ def sparse_graph_parameters(
             t_high = x
             below += survive_pmf[x]
         t_low = max(t_low_minus_1 + 1, 2)
+        if active:
+            t_low = max(t_low, active_threshold(k + 1, t_low_minus_1))
         if t_low <= t_high:
             return k, t_low, t_high
     return None
@@ -191,11 +235,23 @@ def resolve_threshold(requested: int | float | None, holders: int, default: int)
     return t
 
 
+def _check_active(t: int, holders: int, corrupt: int, options: MaskingOptions) -> None:
+    if options.active_server and holders >= 2 and t < active_threshold(holders, corrupt):
+        raise ValueError(f"against an active server the threshold must exceed (holders + corrupt) / 2 = "
+                         f"({holders} + {corrupt}) / 2; {t} does not")
+
+
 def complete_parameters(participants: int, options: MaskingOptions) -> GroupParameters:
-    """SecAgg: every participant holds a share of every other's secrets; ``t = ceil(2m/3)`` by default."""
+    """SecAgg: every participant holds a share of every other's secrets; ``t = ceil(2m/3)`` by
+    default (with ``active_server``, at least a strict majority beyond the assumed corrupt clients)."""
     m = participants
+    corrupt = math.ceil(options.corruption_rate * m - 1e-9)
     default = max((2 * m + 2) // 3, 2 if m >= 2 else 1)
-    return GroupParameters(m, m - 1, resolve_threshold(options.threshold, m, default))
+    if options.active_server and m >= 2:
+        default = min(m, max(default, active_threshold(m, corrupt)))
+    t = resolve_threshold(options.threshold, m, default)
+    _check_active(t, m, corrupt, options)
+    return GroupParameters(m, m - 1, t, options.active_server)
 
 
 def sparse_parameters(participants: int, options: MaskingOptions) -> GroupParameters:
@@ -209,6 +265,7 @@ def sparse_parameters(participants: int, options: MaskingOptions) -> GroupParame
         found = sparse_graph_parameters(
             m, dropout_rate=options.dropout_rate, corruption_rate=options.corruption_rate,
             security_bits=options.security_bits, correctness_bits=options.correctness_bits,
+            active=options.active_server,
         )
         if found is None:
             return complete_parameters(m, options)
@@ -219,7 +276,14 @@ def sparse_parameters(participants: int, options: MaskingOptions) -> GroupParame
     default = max((2 * holders + 2) // 3, 2 if holders >= 2 else 1)
     if bounds is not None:
         default = min(max(default, bounds[0]), bounds[1])
-    return GroupParameters(m, k, resolve_threshold(options.threshold, holders, default))
+    # Corrupt holders the active check allows for: at most this many of a client's k neighbours
+    # are corrupt except with probability 2**-(sigma+1)/n (Bell et al.'s bound for t_low).
+    corrupt = corrupt_neighbours(m, k, math.ceil(options.corruption_rate * m - 1e-9), options.security_bits)
+    if options.active_server and holders >= 2:
+        default = min(holders, max(default, active_threshold(holders, corrupt)))
+    t = resolve_threshold(options.threshold, holders, default)
+    _check_active(t, holders, corrupt, options)
+    return GroupParameters(m, k, t, options.active_server)
 
 
 def group_parameters(participants: int, options: MaskingOptions, *, sparse: bool) -> GroupParameters:
@@ -229,17 +293,47 @@ def group_parameters(participants: int, options: MaskingOptions, *, sparse: bool
     return sparse_parameters(participants, options) if sparse else complete_parameters(participants, options)
 
 
-def harary_graph(members: Sequence[PartyId], degree: int) -> dict[PartyId, tuple[PartyId, ...]]:
+class _SeededBelow:
+    """Uniform integers below a bound from HMAC-SHA256 in counter mode (rejection sampling)."""
+
+    def __init__(self, seed: bytes) -> None:
+        self._seed, self._counter, self._pool = seed, 0, b""
+
+    def __call__(self, bound: int) -> int:
+        width = (bound.bit_length() + 7) // 8 + 8  # 64 spare bits: rejection is rare
+        limit = (1 << (8 * width)) // bound * bound
+        while True:
+            while len(self._pool) < width:
+                self._pool += hmac.new(self._seed, self._counter.to_bytes(8, "big"), hashlib.sha256).digest()
+                self._counter += 1
+            value, self._pool = int.from_bytes(self._pool[:width], "big"), self._pool[width:]
+            if value < limit:
+                return value % bound
+
+
+def graph_seed(protocol: str, run_id: bytes, members: Sequence[PartyId]) -> bytes:
+    """The seed of an active-server run's graph: every client recomputes it from the run id and
+    the advertised set it was told, so the server cannot hand out inconsistent neighbourhoods."""
+    digest = hashlib.sha256(b"secure-fl/masking/graph/" + protocol.encode() + run_id)
+    for pid in sorted(members):
+        digest.update(pid.to_bytes(4, "big"))
+    return digest.digest()
+
+
+def harary_graph(members: Sequence[PartyId], degree: int, *,
+                 seed: bytes | None = None) -> dict[PartyId, tuple[PartyId, ...]]:
     """A random k-regular Harary graph: members on a ring in a uniformly random order
-    (Fisher-Yates with :mod:`secrets`), each linked to the ``degree // 2`` nearest on
-    either side. Degree ``>= len(members) - 1`` gives the complete graph."""
-    order = list(members)
+    (Fisher-Yates with :mod:`secrets`, or, given ``seed``, with a generator every client can
+    rerun), each linked to the ``degree // 2`` nearest on either side. Degree
+    ``>= len(members) - 1`` gives the complete graph."""
+    order = sorted(members) if seed is not None else list(members)
     m = len(order)
     half = degree // 2
     if degree >= m - 1 or 2 * half >= m - 1:
         return {u: tuple(v for v in sorted(order) if v != u) for u in order}
+    below = _SeededBelow(seed) if seed is not None else secrets.randbelow
     for i in range(m - 1, 0, -1):
-        j = secrets.randbelow(i + 1)
+        j = below(i + 1)
         order[i], order[j] = order[j], order[i]
     graph: dict[PartyId, tuple[PartyId, ...]] = {}
     for pos, u in enumerate(order):

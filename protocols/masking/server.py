@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ..base import Outgoing, ServerParty, StageGate
 from ..encoding import decode_sum
 from ..errors import AbortedError, EncodingError, ShareError, StageError, ThresholdError, WireError
+from ..identity import Directory
 from ..messages import ReleasedSum
 from ..primitives import shamir
 from ..primitives.prg import MaskExpander, Words
@@ -23,8 +24,10 @@ from ..session import SumRequest
 from ..transcript import Exposure
 from ..wire import SERVER, Envelope, PartyId
 from .keys import (
+    advert_statement,
     agree,
     check_public,
+    consistency_statement,
     load_public,
     matches_commitment,
     pair_seed,
@@ -32,15 +35,17 @@ from .keys import (
     self_seed,
 )
 from .messages import (
+    ConsistencyRequest,
     KeyAdvert,
     NeighbourKeys,
     SealedShares,
     Stage,
     UnmaskRequest,
     UnmaskResponse,
+    read_signature,
     upload_from_bytes,
 )
-from .parameters import GroupParameters, harary_graph, word_dtype
+from .parameters import GroupParameters, graph_seed, harary_graph, word_dtype
 
 __all__ = ["MaskingServer"]
 
@@ -49,7 +54,7 @@ class MaskingServer(ServerParty):
     """The aggregator: relays keys and sealed shares, adds masked inputs, unmasks the sum."""
 
     def __init__(self, *, protocol: str, run_id: bytes, request: SumRequest, params: GroupParameters,
-                 clients: tuple[PartyId, ...]) -> None:
+                 clients: tuple[PartyId, ...], directory: Directory | None = None) -> None:
         super().__init__(protocol=protocol, run_id=run_id, request=request, clients=clients,
                          audience=request.participants)
         assert request.spec is not None
@@ -73,6 +78,11 @@ class MaskingServer(ServerParty):
         """Per uploader, the owners whose sealed shares failed to open there."""
         self.requests: dict[PartyId, UnmaskRequest] = {}
         self.responses: dict[PartyId, UnmaskResponse] = {}
+        self.directory = directory
+        """Registered client keys: in the active-server setting, adverts and consistency
+        signatures are checked on arrival (the clients check them again themselves)."""
+        self.advertised: tuple[PartyId, ...] = ()
+        self.signatures: dict[PartyId, bytes] = {}
         self._checker = shamir.ShareChecker(params.threshold)
         self.bad_shares: dict[PartyId, list[str]] = {}
         """Holders that revealed shares off their secret's polynomial, with what was wrong."""
@@ -87,9 +97,13 @@ class MaskingServer(ServerParty):
     def receive(self, env: Envelope) -> list[Outgoing]:
         if env.stage == Stage.ADVERTISE_KEYS:
             self.gate.check(env, allowed_senders=self.participants)
-            advert = KeyAdvert.from_bytes(env.payload)
+            advert = KeyAdvert.from_bytes(env.payload, signed=self.params.active)
             check_public(advert.channel_key)
             check_public(advert.mask_key)
+            if self.params.active and self.directory is not None:
+                self.directory.verify(env.sender, advert_statement(
+                    self.protocol, self.run_id, env.sender, advert.channel_key, advert.mask_key, advert.commitment),
+                    advert.signature, what="advertised keys")
             if advert.channel_key == advert.mask_key or {advert.channel_key, advert.mask_key} & self._seen_keys:
                 raise WireError("a public key was advertised twice")
             self.gate.record(env)
@@ -112,6 +126,14 @@ class MaskingServer(ServerParty):
             self._uploads[env.sender] = words  # a view of the received bytes, kept to undo a dropped owner's
             if complaints:
                 self.complaints[env.sender] = complaints
+        elif env.stage == Stage.CONSISTENCY:
+            self.gate.check(env, allowed_senders=self.contributors)
+            signature = read_signature(env.payload)
+            if self.directory is not None:
+                self.directory.verify(env.sender, self._statement(env.sender), signature,
+                                      what="consistency signature")
+            self.gate.record(env)
+            self.signatures[env.sender] = signature
         else:  # unmasking, once open; any other stage is refused by the gate
             self.gate.check(env, allowed_senders=tuple(self.requests))
             response = UnmaskResponse.from_bytes(env.payload, self.requests[env.sender])
@@ -126,6 +148,8 @@ class MaskingServer(ServerParty):
             return self._after_share_keys()
         if self.stage == Stage.UPLOAD:
             return self._after_upload()
+        if self.stage == Stage.CONSISTENCY:
+            return self._after_consistency()
         if self.stage == Stage.UNMASKING:
             return self._after_unmasking()
         raise AbortedError("the run is already over")
@@ -137,11 +161,14 @@ class MaskingServer(ServerParty):
     def _after_advertise(self) -> list[Outgoing]:
         advertised = sorted(self.keys)
         self._need(len(advertised), "clients that advertised keys")
-        self.graph = harary_graph(advertised, self.params.degree)
+        self.advertised = tuple(advertised)
+        seed = graph_seed(self.protocol, self.run_id, advertised) if self.params.active else None
+        self.graph = harary_graph(advertised, self.params.degree, seed=seed)
         out = []
         for pid in advertised:
             entries = tuple((v, self.keys[v]) for v in self.graph[pid])
-            out.append(self._send(Stage.SHARE_KEYS, pid, NeighbourKeys(entries).to_bytes(), Exposure.public()))
+            keys = NeighbourKeys(entries, self.advertised if self.params.active else ())
+            out.append(self._send(Stage.SHARE_KEYS, pid, keys.to_bytes(), Exposure.public()))
         self.stage = Stage.SHARE_KEYS
         self.gate.open = {Stage.SHARE_KEYS}
         return out
@@ -200,15 +227,44 @@ class MaskingServer(ServerParty):
             raise AbortedError("the surviving clients' masking graph fell apart: unmasking would "
                                "reveal partial sums")
         self.contributors = tuple(sorted(uploaded))
+        if self.params.active:
+            self.stage = Stage.CONSISTENCY
+            self.gate.open = {Stage.CONSISTENCY}
+            return [self._send(Stage.CONSISTENCY, pid, ConsistencyRequest(self.view(pid)).to_bytes(),
+                               Exposure.public()) for pid in self.contributors]
+        return self._unmasking_requests(self.contributors)
+
+    def view(self, pid: PartyId) -> tuple[PartyId, ...]:
+        """The survivor set the server tells ``pid``: the clients whose uploads it kept. (An
+        honest server tells everyone the same; the tests' equivocating server overrides this.)"""
+        return self.contributors
+
+    def _statement(self, pid: PartyId) -> bytes:
+        return consistency_statement(self.protocol, self.run_id, self.advertised, self.view(pid))
+
+    def _unmasking_requests(self, asked: tuple[PartyId, ...]) -> list[Outgoing]:
         out = []
-        for pid in self.contributors:
-            survivors = tuple(sorted([pid, *(v for v in self.graph[pid] if v in uploaded)]))
-            dropped = tuple(v for v in self.graph[pid] if v in lost and self._holds(pid, v))
-            self.requests[pid] = UnmaskRequest(survivors, dropped)
+        for pid in asked:
+            told = set(self.view(pid))
+            survivors = tuple(sorted([pid, *(v for v in self.graph[pid] if v in told)]))
+            dropped = tuple(v for v in self.graph[pid] if v in self.shared and v not in told and self._holds(pid, v))
+            signatures: tuple[tuple[PartyId, bytes], ...] = ()
+            if self.params.active:
+                statement = self._statement(pid)
+                signatures = tuple((w, self.signatures[w]) for w in sorted({pid, *self.graph[pid]})
+                                   if w in self.signatures and self._statement(w) == statement)
+            self.requests[pid] = UnmaskRequest(survivors, dropped, signatures)
             out.append(self._send(Stage.UNMASKING, pid, self.requests[pid].to_bytes(), Exposure.public()))
         self.stage = Stage.UNMASKING
         self.gate.open = {Stage.UNMASKING}
         return out
+
+    def _after_consistency(self) -> list[Outgoing]:
+        """Active-server setting: ask the clients that signed, each with its neighbourhood's
+        signatures on the statement it signed."""
+        signers = tuple(sorted(self.signatures))
+        self._need(len(signers), "clients that signed the survivor set")
+        return self._unmasking_requests(signers)
 
     def _connected(self, nodes: set[PartyId]) -> bool:
         if not nodes:

@@ -74,7 +74,7 @@ class MaskingServerSession(ServerSession):
         elif request.params != params.to_bytes():
             raise ValueError("the request's parameters are not this session's")
         return MaskingServer(protocol=self.name, run_id=run_id, request=request, params=params,
-                             clients=self.clients)
+                             clients=self.clients, directory=self.directory)
 
 
 class MaskingClientSession(ClientSession):
@@ -111,7 +111,8 @@ class MaskingClientSession(ClientSession):
         words = encoded.astype(word_dtype(request.spec.slot_bits))  # a copy: masking overwrites it
         return MaskingClient(self.party_id, protocol=self.name, run_id=run_id, spec=request.spec,
                              reveal=request.reveal, words=words, params=params,
-                             participants=request.participants, clients=self.clients)
+                             participants=request.participants, clients=self.clients, identity=self.identity,
+                             directory=self.directory)
 
 
 class CompleteServerSession(MaskingServerSession):

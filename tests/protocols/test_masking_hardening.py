@@ -4,10 +4,22 @@ setting (signed keys, Bonawitz's consistency round, t > (k + 1)/2)."""
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from protocols import AbortedError, LocalNetwork, VectorSpec, make_sum
-from protocols.masking import SealedShares, Stage
+from protocols import AbortedError, LocalNetwork, ProtocolError, VectorSpec, make_sum
+from protocols.masking import (
+    CompleteServerSession,
+    MaskingOptions,
+    MaskingServer,
+    SealedShares,
+    SparseServerSession,
+    Stage,
+    upload_from_bytes,
+)
+from protocols.masking import sessions as masking_sessions
+from protocols.masking.keys import agree, load_public, pair_seed, self_seed
 from protocols.primitives import shamir
+from protocols.primitives.prg import MaskExpander
 from protocols.wire import Envelope
 
 
@@ -149,3 +161,161 @@ def test_malformed_uploads_and_silence_are_dropouts_with_their_reasons():
     assert out.excluded[2].startswith("WireError")
     assert out.excluded[5] == "no answer (dropped out)"
     assert np.array_equal(out.total, plain_sum(inputs, [0, 1, 3, 4, 6, 7]))
+
+
+# --- an active server: equivocation about who dropped ------------------------------------------------
+
+class Equivocating(MaskingServer):
+    """A server that tells part of the target's holders that the target dropped (to get shares
+    of its mask key) and the rest that it survived (to get shares of its seed), then tries to
+    unmask the target's upload with both. The rest of the run goes on as usual."""
+
+    target = 0
+
+    def receive(self, env):
+        if env.stage == Stage.UPLOAD and env.sender == self.target:
+            self.captured = env.payload
+        return super().receive(env)
+
+    @property
+    def liars(self):
+        return set(self.graph[self.target][: self.threshold])
+
+    def view(self, pid):
+        if pid in self.liars:
+            return tuple(v for v in self.contributors if v != self.target)
+        return self.contributors
+
+    def _after_unmasking(self):
+        seeds, keys = self._revealed()
+        type(self).stolen = None
+        type(self).shares = (len(seeds.get(self.target, [])), len(keys.get(self.target, [])))
+        try:
+            seed = shamir.combine(seeds.get(self.target, []), self.threshold)
+            key = X25519PrivateKey.from_private_bytes(shamir.combine(keys.get(self.target, []), self.threshold))
+            _, words = upload_from_bytes(self.captured, spec=self.spec, dtype=self.dtype,
+                                         owners=self.relayed[self.target])
+            x, u = words.copy(), self.target
+            add, subtract = [], [self_seed(seed, protocol=self.protocol, run_id=self.run_id, owner=u)]
+            for v in self.graph[u]:
+                pair = pair_seed(agree(key, load_public(self.keys[v].mask_key)), protocol=self.protocol,
+                                 run_id=self.run_id, u=u, v=v)
+                (subtract if u < v else add).append(pair)
+            MaskExpander(self.spec.length, self.dtype).accumulate(x, add=add, subtract=subtract)
+            x &= self.dtype.type((1 << self.spec.slot_bits) - 1)
+            type(self).stolen = x
+        except ProtocolError:
+            pass
+        return super()._after_unmasking()
+
+
+def equivocate(monkeypatch, name, n, **options):
+    monkeypatch.setattr(masking_sessions, "MaskingServer", Equivocating)
+    Equivocating.stolen, Equivocating.shares = None, (0, 0)
+    inputs = inputs_for(n, 6, 100, seed=n)
+    session = make_sum(name, clients=range(n), **options)
+    spec = VectorSpec(length=6, bound=100, summands=n)
+    try:
+        out = session.sum(inputs, spec=spec)
+    except AbortedError:
+        out = None
+    return inputs, out, session
+
+
+@pytest.mark.parametrize("n", [12, 20, 30])
+def test_an_equivocating_server_reads_an_input_under_secagg_plus_defaults(monkeypatch, n):
+    """Bell et al.'s semi-honest parameters have 2t <= k + 1 here: the server gets t shares of
+    both of the target's secrets from disjoint groups of its holders, and its input with them."""
+    params = SparseServerSession(clients=range(n)).parameters(n)
+    assert 2 * params.threshold <= params.degree + 1
+    inputs, out, _ = equivocate(monkeypatch, "secagg+", n)
+    assert Equivocating.stolen is not None
+    assert np.array_equal(Equivocating.stolen, inputs[0])  # the target's exact input
+    assert out is not None and np.array_equal(out.total, plain_sum(inputs, range(n)))  # and nobody noticed
+
+
+@pytest.mark.parametrize("name", ["masking", "secagg+"])
+@pytest.mark.parametrize("n", [6, 12, 20, 30])
+def test_the_active_server_setting_stops_the_equivocation(monkeypatch, name, n):
+    """With ``active_server``: t > (k + 1 + c)/2 and the consistency round — the target's holders
+    refuse a request backed by fewer than t matching signatures, and the two groups never both
+    reach t, so the server holds t shares of at most one of the target's secrets."""
+    session = (SparseServerSession if name == "secagg+" else CompleteServerSession)(
+        clients=range(n), options=MaskingOptions(active_server=True))
+    params = session.parameters(n)
+    assert 2 * params.threshold > params.degree + 1
+    inputs, out, session = equivocate(monkeypatch, name, n, active_server=True)
+    assert Equivocating.stolen is None
+    seeds, keys = Equivocating.shares
+    assert seeds < params.threshold or keys < params.threshold
+    assert out is None or np.array_equal(out.total, plain_sum(inputs, out.contributors))
+
+
+def test_signed_keys_stop_a_server_that_swaps_a_neighbours_keys():
+    """The server replaces client 1's advertised keys (as relayed to client 0) with its own: a
+    man in the middle of their channel. Client 0 checks the registered signature and refuses."""
+    from protocols.masking import KeyAdvert, NeighbourKeys
+    from protocols.masking.keys import raw_public as raw
+
+    n = 6
+
+    def interceptor(data, message):
+        env = message.envelope
+        if env.stage == Stage.SHARE_KEYS and env.receiver == 0:
+            keys = NeighbourKeys.from_bytes(env.payload, parties=frozenset(range(n)), signed=True)
+            swapped = tuple((pid, KeyAdvert(raw(X25519PrivateKey.generate()), a.mask_key, a.commitment, a.signature)
+                             if pid == 1 else a) for pid, a in keys.entries)
+            payload = NeighbourKeys(swapped, keys.advertised).to_bytes()
+            return Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver, payload).to_bytes()
+        return data
+
+    inputs = inputs_for(n, 3, 9, seed=1)
+    out = make_sum("masking", clients=range(n), network=LocalNetwork(interceptor=interceptor),
+                   active_server=True).sum(inputs, spec=VectorSpec(length=3, bound=9, summands=n))
+    assert any(r.startswith("client 0 refused: AuthenticationError: client-1's advertised keys failed to verify")
+               for r in out.rejected), out.rejected
+    assert out.dropped == (0,)
+    assert np.array_equal(out.total, plain_sum(inputs, range(1, n)))
+
+
+def test_the_active_server_setting_needs_registered_keys():
+    n = 4
+    session = make_sum("masking", clients=range(n), active_server=True, identities=False)
+    with pytest.raises(AbortedError):
+        session.sum(inputs_for(n, 2, 9), spec=VectorSpec(length=2, bound=9, summands=n))
+    refusals = [e for e in session.transcript if e.stage == "refuse"]
+    assert len(refusals) == n  # every client refused to join without its signing key
+
+
+def test_active_server_runs_are_exact_under_dropouts_at_every_stage():
+    from protocols import DropoutPlan
+
+    n = 30
+    plan = {0: "advertise_keys", 7: "share_keys", 13: "upload", 17: "consistency", 21: "unmasking", 29: "result"}
+    inputs = inputs_for(n, 8, 50, seed=6)
+    for name, options in (("masking", {}), ("secagg+", {"degree": 20})):
+        out = make_sum(name, clients=range(n), active_server=True, **options).sum(
+            inputs, spec=VectorSpec(length=8, bound=50, summands=n), dropouts=DropoutPlan(plan))
+        assert out.dropped == (0, 7, 13)
+        assert np.array_equal(out.total, plain_sum(inputs, [c for c in range(n) if c not in (0, 7, 13)]))
+
+
+@pytest.mark.parametrize("n", [4, 5, 8, 12, 20, 50, 100, 300, 1000])
+def test_active_server_parameters_keep_a_strict_majority_of_holders(n):
+    from protocols.masking import complete_parameters, sparse_parameters
+
+    for params in (sparse_parameters(n, MaskingOptions(active_server=True)),
+                   complete_parameters(n, MaskingOptions(active_server=True))):
+        assert params.active and 2 * params.threshold > params.degree + 1
+    with pytest.raises(ValueError, match="active server"):
+        complete_parameters(n, MaskingOptions(active_server=True, threshold=0.5))
+
+
+def test_the_graph_of_an_active_run_is_everyones_to_check():
+    from protocols.masking import graph_seed, harary_graph
+
+    members = list(range(40))
+    seed = graph_seed("secagg+", bytes(16), members)
+    assert harary_graph(members, 8, seed=seed) == harary_graph(list(reversed(members)), 8, seed=seed)
+    assert harary_graph(members, 8, seed=seed) != harary_graph(members, 8, seed=graph_seed("secagg+", b"x" * 16,
+                                                                                               members))
