@@ -224,21 +224,34 @@ class AuditReport:
         import numpy as np
 
         panels = HEATMAP_PANELS
-        fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 1, 0.55 * len(self.methods) + 2.2),
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels) + 1, 0.55 * len(self.methods) + 2.6),
                                  squeeze=False)
-        for ax, (key, title) in zip(axes[0], panels):
+        for index, (ax, (key, title)) in enumerate(zip(axes[0], panels)):
             values = self._panel_values(key)
             grid = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=float)
+            top = 1.0
             if key == "collusion_threshold":
                 top = max(float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.0, 1.0)
                 shown = 1.0 - np.clip(grid / top, 0.0, 1.0)  # red = few colluders needed
             else:
                 shown = np.clip(grid, 0.0, 1.0)
             cmap = matplotlib.colormaps["Reds"].with_extremes(bad="#dddddd")
-            ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+            image = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
             ax.set_xticks(range(len(self.protocols)), self.protocols, rotation=30, ha="right")
-            ax.set_yticks(range(len(self.methods)), self.methods if ax is axes[0][0] else [""] * len(self.methods))
+            ax.set_yticks(range(len(self.methods)), self.methods if index == 0 else [""] * len(self.methods))
+            ax.set_xlabel("protocol", fontsize=8)
+            if index == 0:
+                ax.set_ylabel("method", fontsize=8)
             ax.set_title(title, fontsize=9)
+            bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
+            bar.ax.tick_params(labelsize=7)
+            if key == "collusion_threshold":
+                step = max(1, math.ceil(top / 4))
+                counts = sorted({*range(0, int(top) + 1, step), int(top)})
+                bar.set_ticks([1.0 - c / top for c in counts], labels=[str(c) for c in counts])
+                bar.set_label("colluding clients needed\n(red: few; grey: n/a)", fontsize=7)
+            else:
+                bar.set_label("advantage over guessing\n(0 none, 1 exact; grey: n/a)", fontsize=7)
             for i, row in enumerate(values):
                 for j, v in enumerate(row):
                     text = "n/a" if v is None else (f"{int(v)}" if key == "collusion_threshold" else f"{v:.2f}")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
-import sys
 import warnings
 from typing import Any
 
@@ -23,6 +23,8 @@ from protocols import PROTOCOLS, ProtocolError, descriptor
 
 __all__ = ["register", "run"]
 
+
+log = logging.getLogger("secure_fl.cli")
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``dp-check`` sub-command to the ``secure-fl`` parser."""
@@ -87,20 +89,21 @@ def _print_table(result: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     from secure_fl.privacy import InsecureRandomWarning
     from secure_fl.privacy.empirical import empirical_check
 
     if not (math.isfinite(args.epsilon) and args.epsilon > 0) or not 0 < args.delta < 1:
-        print("error: need --epsilon > 0 and 0 < --delta < 1", file=sys.stderr)
+        log.error("need --epsilon > 0 and 0 < --delta < 1")
         return 2
     if args.classes < 1 or args.clients < 1 or args.trials < 20 or args.batch < 1 or args.count_bound < 1:
-        print("error: --classes, --clients, --batch, --count-bound must be >= 1 and --trials >= 20",
-              file=sys.stderr)
+        log.error("--classes, --clients, --batch, --count-bound must be >= 1 and --trials >= 20")
         return 2
     secure = args.seed is None
     if not secure:
-        print("note: --seed turns secure mode off: the noise is reproducible and not cryptographic",
-              file=sys.stderr)
+        log.warning("--seed turns secure mode off: the noise is reproducible and not cryptographic")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureRandomWarning)
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 alpha=args.alpha, secure_mode=secure, seed=args.seed,
             ).as_dict()
     except (ValueError, ProtocolError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        log.error("%s", error)
         return 2
     if args.json:
         print(json.dumps(result))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from typing import Any, TextIO
@@ -51,6 +52,8 @@ _FLAG_NAMES = {
     "balance": "--balance",
 }
 
+
+log = logging.getLogger("secure_fl.cli")
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``partition`` sub-command to the ``secure-fl`` parser."""
@@ -147,6 +150,9 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     """Entry point of ``secure-fl partition``; returns the process exit status."""
     out: TextIO = sys.stdout
     try:
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             labels, num_clients=args.clients, rng=np.random.default_rng(args.seed), **params
         )
     except (DataError, UsageError, ValueError) as exc:
-        print(f"secure-fl partition: error: {exc}", file=sys.stderr)
+        log.error("%s", exc)
         return 2
     counts = partition.class_counts(labels, dataset.num_classes)
     if args.json:

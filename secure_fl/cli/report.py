@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
+log = logging.getLogger("secure_fl.cli")
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="turn finished runs into a paper-shaped table and plots",
@@ -46,6 +48,9 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     from secure_fl.report import TABLES, ReportError, build_report, load_plugins
 
     if args.list:
@@ -58,21 +63,24 @@ def run(args: argparse.Namespace) -> int:
             for t in tables:
                 print(f"{t['name']:24s} {t['title'] or t['description']}")
             for module, error in errors.items():
-                print(f"warning: report module {module} failed to import: {error}", file=sys.stderr)
+                log.warning("report module %s failed to import: %s", module, error)
         return 0
     if not args.sources:
-        print("error: name the runs (config file, run ids, batch id or run name)", file=sys.stderr)
+        log.error("name the runs to report: a config file, run ids, a batch id or a run name "
+                  "(secure-fl runs lists them)")
         return 2
     try:
         options = _options(args.option)
+        log.info("report: reading %s, table %s%s", ", ".join(args.sources), args.table,
+                 f", figures into {args.out}" if args.out else "")
         report, runs = build_report(args.sources, args.table, out_dir=args.out, metric=args.metric,
                                     options=options, workspace=args.workspace, allow_missing=args.allow_missing)
     except (ReportError, ValueError) as error:
         if args.json:
             print(json.dumps({"error": str(error)}))
-        else:
-            print(f"error: {error}", file=sys.stderr)
+        log.error("%s", error)
         return 1
+    log.info("report: %d runs, %d figures", len(runs), len(report.figures))
     if args.json:
         out = report.as_json()
         out["runs"] = [r.as_json() for r in runs]

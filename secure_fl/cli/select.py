@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("secure_fl.cli")
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
@@ -68,6 +69,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging
+
+    ensure_logging()
     from protocols import ProtocolError
     from secure_fl.selection.dubhe import DubheParams
     from secure_fl.selection.study import StudyConfig, run_study
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary = run_experiment(args.experiment, out=args.out, progress=not args.json)
         except (ValueError, OSError, ProtocolError) as error:
-            print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+            log.error("%s", error)
             return 1
         print(json.dumps(summary, indent=1) if args.json else summary.get("report", ""))
         return 0
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         )
         result = run_study(config)
     except (ValueError, ProtocolError) as error:
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        log.error("%s", error)
         return 1
     if args.json:
         keys = ["strategy", "l1_mean", "l1_std", "baseline_l1", "seconds", "bytes"]

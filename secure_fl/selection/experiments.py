@@ -19,6 +19,7 @@ Outputs under ``--out``: ``<name>.json`` (every number), ``<name>.md`` (the tabl
 from __future__ import annotations
 
 import json
+import logging
 import time
 import tomllib
 from collections.abc import Callable
@@ -317,7 +318,7 @@ def run_experiment(path: Path, *, out: Path, progress: bool = True) -> dict[str,
 
     def log(message: str) -> None:
         if progress:
-            print(message, flush=True)
+            logging.getLogger("secure_fl.select").info("%s", message)
 
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

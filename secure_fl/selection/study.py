@@ -13,6 +13,7 @@ registration (search tries), each repeat's selection, and each repeat's random c
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,8 @@ class StudyConfig:
         if self.per_entry_sample < 0:
             raise ValueError("per_entry_sample must be >= 0")
 
+log = logging.getLogger("secure_fl.select")
+
 
 def make_population(config: StudyConfig) -> Population:
     return dubhe_population(num_clients=config.clients, rho=config.rho, emd_avg=config.emd,
@@ -99,14 +102,21 @@ def run_study(config: StudyConfig, *, population: Population | None = None,
     pop = population if population is not None else make_population(config)
     sel = selector if selector is not None else build_selector(config)
     start = time.perf_counter()
+    log.info("select: registering %d clients with %s%s", pop.num_clients, config.strategy,
+             " (key set-up, parameter search, registries)" if config.strategy == "dubhe" else "")
     sel.register(pop, np.random.default_rng([config.seed, REGISTRATION]), per_round=config.per_round)
     registered = time.perf_counter()
+    log.info("select: registered in %.1f s; selecting %d clients %d times", registered - start, config.per_round,
+             config.repeats)
     l1 = []
     sizes = []
+    step = max(1, config.repeats // 10)
     for r in range(config.repeats):
         chosen = sel.select(config.per_round, np.random.default_rng([config.seed, SELECTION, r]), round=r)
         sizes.append(len(chosen))
         l1.append(pop.l1(chosen))
+        if (r + 1) % step == 0 or r + 1 == config.repeats:
+            log.info("select: %d/%d selections (%.1f s)", r + 1, config.repeats, time.perf_counter() - registered)
     selected = time.perf_counter()
     rand = RandomSelector()
     rand.register(pop, np.random.default_rng(0), per_round=config.per_round)
