@@ -10,7 +10,9 @@ kinds of run (parties: :mod:`protocols.argmin_parties`):
    and keeps it, keyed by client and key fingerprint, until :meth:`ArgminCoordinator.forget`.
 2. an ``argmin`` run — ``try_aggregates`` (server → agent, with the run's open): for every
    candidate g and every try h of g, the product of the stored ciphertexts of the try's
-   members, Enc(Σ_{k∈S_{g,h}} c_k), with the *number* of members but not their identities;
+   members, re-randomised (times a fresh encryption of 0), Enc(Σ_{k∈S_{g,h}} c_k), with the
+   *number* of members but not their identities: the agent cannot link an aggregate to the
+   uploads in it, or two tries to each other, by their ciphertexts;
 3. ``argmin`` (agent → server): one index g* = argmin_g score_g, where
    ``score_g = ‖mean_h p_{g,h} − p_u‖₁`` with ``p_{g,h}`` the decrypted sum of try h normalised
    to a distribution and ``p_u`` uniform (:func:`score_groups`). Ties go to the lowest index.

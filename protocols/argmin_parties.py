@@ -246,7 +246,10 @@ class ArgminServer(ServerParty):
             for group in self.tries:
                 for members in group:
                     columns = zip(*(self.store[pid] for pid in members), strict=True)
-                    aggregates.extend(raw.product(self.public_key, list(column)) for column in columns)
+                    # Re-randomised: each aggregate is a fresh-looking ciphertext of the try's sum,
+                    # unlinkable to the stored uploads it multiplies (or to other tries' products).
+                    aggregates.extend(raw.rerandomise(self.public_key, raw.product(self.public_key, list(column)))
+                                      for column in columns)
             payload = write_ciphertexts(body, self.public_key, aggregates).finish()
         self.gate.open = {Stage.ARGMIN}
         smallest = min(len(members) for group in self.tries for members in group)

@@ -162,6 +162,14 @@ def encrypt_with(public_key: PublicKey, plaintext: int, obfuscator_value: Any) -
     return gmpy2.f_mod((1 + n * gmpy2.mpz(plaintext)) * obfuscator_value, n2)
 
 
+def rerandomise(public_key: PublicKey, ciphertext: Any, obfuscator_value: Any | None = None) -> Any:
+    """``ciphertext`` times a fresh encryption of 0 (``r^n``): the same plaintext under a new,
+    uniformly random obfuscator, so the result cannot be linked to the ciphertexts it was
+    computed from (an aggregate to its contributions)."""
+    value = obfuscator_value if obfuscator_value is not None else obfuscator(public_key)
+    return gmpy2.f_mod(gmpy2.mpz(ciphertext) * value, public_key.n_square)
+
+
 def add(public_key: PublicKey, left: Any, right: Any) -> Any:
     return gmpy2.f_mod(left * right, public_key.n_square)
 
