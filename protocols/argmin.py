@@ -50,6 +50,7 @@ from .descriptors import descriptor
 from .embedded import SecureSum
 from .encoding import PackingLayout, VectorSpec, encode
 from .errors import AbortedError, ProtocolError, StageError
+from .identity import Authenticator
 from .network import DropoutPlan, Network, RunContext, drive
 from .paillier import PROTOCOL, PaillierClientSession, PaillierServerSession, Stage
 from .session import SumRequest
@@ -102,13 +103,13 @@ class ArgminCoordinator:
     """
 
     def __init__(self, paillier: PaillierServerSession, network: Network, *, length: int, bound: int,
-                 max_try_size: int, min_contributors: int = 2) -> None:
+                 max_try_size: int, min_contributors: int = 2, authenticator: Authenticator | None = None) -> None:
         if paillier.opts.keyholder == "server":
             raise ValueError("the argmin needs a client-side key holder; keyholder='server' would let "
                              "the server read every distribution")
         if not 1 <= min_contributors <= max_try_size:
             raise ValueError("min_contributors must lie in [1, max_try_size]")
-        self.paillier, self.network = paillier, network
+        self.paillier, self.network, self.authenticator = paillier, network, authenticator
         self.spec = VectorSpec(length=length, bound=bound, summands=max_try_size)
         self.min_contributors = min_contributors
         self._store: dict[tuple[PartyId, bytes], list[Any]] = {}
@@ -139,7 +140,7 @@ class ArgminCoordinator:
 
     def _drive(self, party: ServerParty, run_id: bytes, *, statistic: str, round: int) -> list[str]:
         context = RunContext(PROTOCOL, run_id, round, statistic, descriptor(PROTOCOL).stages)
-        return drive(party, self.network, context)
+        return drive(party, self.network, context, authenticator=self.authenticator)
 
     def ensure_keys(self, *, round: int, statistic: str = "setup") -> None:
         """Run the Paillier key set-up over the network if it has not run yet."""
@@ -265,7 +266,8 @@ class ArgminSession:
             raise TypeError(f"the argmin runs on a paillier session, not {paillier.name!r}")
         self.paillier = paillier
         self.server = ArgminCoordinator(server, paillier.network, length=length, bound=bound,
-                                        max_try_size=max_try_size, min_contributors=min_contributors)
+                                        max_try_size=max_try_size, min_contributors=min_contributors,
+                                        authenticator=paillier.authenticator)
         self.spec = self.server.spec
         self.min_contributors = min_contributors
         for session in paillier.sessions.values():

@@ -24,7 +24,7 @@ from .base import Party, Reveal, SumOutcome, Timings
 from .descriptors import ProtocolDescriptor, descriptor
 from .encoding import VectorSpec, encode
 from .errors import AbortedError
-from .identity import Directory, Identity, make_identities
+from .identity import Authenticator, Directory, Identity, make_identities
 from .network import DropoutPlan, LocalNetwork, Message, RunContext, drive
 from .session import ClientEndpoint, ClientSession, ServerSession, SumRequest
 from .transcript import Transcript
@@ -41,7 +41,7 @@ class SecureSum:
     """
 
     def __init__(self, name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
-                 options: Any = None, identities: bool | None = None) -> None:
+                 options: Any = None, identities: bool | None = None, authenticate: bool = False) -> None:
         self.descriptor: ProtocolDescriptor = descriptor(name)
         self.name = name
         self.server: ServerSession = self.descriptor.server_session(clients=clients, options=options)
@@ -52,20 +52,29 @@ class SecureSum:
             pid: self.descriptor.client_session(pid, clients=self.clients, options=options) for pid in self.clients
         }
         if identities is None:  # settings against an active server need registered keys
-            identities = bool(getattr(options, "active_server", False))
+            identities = authenticate or bool(getattr(options, "active_server", False))
+        if authenticate and not identities:
+            raise ValueError("authenticating senders needs registered identities")
         self.identities: dict[PartyId, Identity] = {}
         self.directory: Directory | None = None
+        self.authenticator: Authenticator | None = None
+        """The server's envelope authentication (``authenticate=True``): it signs what it sends
+        and checks every reply against the directory; each client endpoint does the same."""
         if identities:
             self.identities, self.directory = make_identities(self.clients)
             self.server.directory = self.directory
             for pid, session in self.sessions.items():
                 session.register(self.identities[pid], self.directory)
+            if authenticate:
+                self.authenticator = Authenticator(self.identities[SERVER], self.directory)
         self._inputs: dict[PartyId, npt.NDArray[Any]] = {}
         self._parties: dict[PartyId, Party] = {}
         self.endpoints: dict[PartyId, ClientEndpoint] = {}
         for pid in self.clients:
-            endpoint = ClientEndpoint(pid, sessions={name: self.sessions[pid]}, contribute=self._input_of(pid),
-                                      on_party=self._watch(pid))
+            endpoint = ClientEndpoint(
+                pid, sessions={name: self.sessions[pid]}, contribute=self._input_of(pid), on_party=self._watch(pid),
+                authenticator=None if self.authenticator is None else Authenticator(self.identities[pid],
+                                                                                    self.authenticator.directory))
             self.endpoints[pid] = endpoint
             self.network.attach(pid, self._handler(endpoint))
 
@@ -114,7 +123,7 @@ class SecureSum:
         if party is None:
             return
         context = RunContext(self.name, run_id, round, statistic, self.descriptor.stages)
-        drive(party, self.network, context)
+        drive(party, self.network, context, authenticator=self.authenticator)
         if not party.finished:
             raise AbortedError("the key set-up did not finish")
 
@@ -164,7 +173,7 @@ class SecureSum:
         self.network.plan(self.name, dropouts, self.descriptor.stages)
         try:
             with self.inputs(values):
-                rejected = drive(server, self.network, context)
+                rejected = drive(server, self.network, context, authenticator=self.authenticator)
         finally:
             self.network.plan(self.name, None, self.descriptor.stages)
         clients = dict(self._parties)
@@ -196,8 +205,10 @@ class SecureSum:
 
 
 def make_sum(name: str, *, clients: Sequence[PartyId], network: LocalNetwork | None = None,
-             identities: bool | None = None, **options: Any) -> SecureSum:
+             identities: bool | None = None, authenticate: bool = False, **options: Any) -> SecureSum:
     """An embedded protocol session; keyword ``options`` fill that protocol's frozen options.
-    ``identities`` registers a signing key per party (on by default where the options need them)."""
+    ``identities`` registers a signing key per party (on by default where the options need them);
+    ``authenticate`` signs and checks every envelope with them (:mod:`protocols.identity`)."""
     d = descriptor(name)
-    return SecureSum(name, clients=clients, network=network, options=d.options(**options), identities=identities)
+    return SecureSum(name, clients=clients, network=network, options=d.options(**options), identities=identities,
+                     authenticate=authenticate)

@@ -23,10 +23,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from .errors import AbortedError, ProtocolError, StageError, WireError
 from .transcript import Exposure, Transcript, TranscriptEntry
 from .wire import SERVER, Envelope, PartyId
+
+if TYPE_CHECKING:
+    from .identity import Authenticator
 
 __all__ = [
     "DropoutPlan", "Handler", "Interceptor", "Label", "LocalNetwork", "Message", "Network", "Replies",
@@ -196,7 +200,8 @@ class LocalNetwork(Network):
         return replies
 
 
-def _to_messages(outgoing: Sequence[object], context: RunContext) -> dict[PartyId, list[Message]]:
+def _to_messages(outgoing: Sequence[object], context: RunContext,
+                 authenticator: Authenticator | None = None) -> dict[PartyId, list[Message]]:
     from .base import Outgoing
 
     outbox: dict[PartyId, list[Message]] = {}
@@ -205,18 +210,26 @@ def _to_messages(outgoing: Sequence[object], context: RunContext) -> dict[PartyI
         env = item.envelope
         if env.sender != SERVER:
             raise StageError("the server sent a message in another party's name")
+        if authenticator is not None:
+            env = authenticator.seal(env)
         message = Message(env.to_bytes(), context.label(env.stage, item.exposure))
         outbox.setdefault(env.receiver, []).append(message)
     return outbox
 
 
-def drive(server: object, network: Network, context: RunContext, *, max_exchanges: int = 64) -> list[str]:
+def drive(server: object, network: Network, context: RunContext, *, max_exchanges: int = 64,
+          authenticator: Authenticator | None = None) -> list[str]:
     """Play the server's side of one run until it finishes; returns why messages were rejected.
 
     Each exchange delivers what the server has for the clients and feeds their replies back
     (a reply that fails validation is rejected and changes nothing; a client's ``refuse`` is
     recorded with its reason). When nothing is left to send, the stage's deadline has passed:
     :meth:`ServerParty.advance` goes on with whoever answered, or aborts.
+
+    With an ``authenticator`` (:mod:`protocols.identity`), every message the server sends is
+    signed and every reply must carry its sender's registered signature: a tampered, forged
+    or re-addressed reply is one :class:`~protocols.errors.AuthenticationError` naming the
+    sender, and changes nothing.
     """
     from .base import ServerParty
     from .session import REFUSE, read_refusal
@@ -224,6 +237,8 @@ def drive(server: object, network: Network, context: RunContext, *, max_exchange
     assert isinstance(server, ServerParty)
     rejected: list[str] = []
     pending = list(server.start())
+    if authenticator is not None and authenticator.identity.party != SERVER:
+        raise ValueError("the server's authenticator must sign as the server")
     for _ in range(max_exchanges):
         if not pending:
             if server.finished:
@@ -234,12 +249,16 @@ def drive(server: object, network: Network, context: RunContext, *, max_exchange
                     return rejected
                 raise AbortedError("the protocol stalled: no party has anything left to send")
             continue
-        replies = network.exchange(_to_messages(pending, context))
+        replies = network.exchange(_to_messages(pending, context, authenticator))
         pending = []
         for party in sorted(replies.messages):
             for message in replies.messages[party]:
                 try:
                     env = Envelope.from_bytes(message.data)
+                    if authenticator is not None:
+                        authenticator.check(env)
+                    elif env.signature:
+                        raise WireError(f"client {party} sent a signed message to a server that authenticates nothing")
                     if env.sender != party or env.receiver != SERVER:
                         raise StageError(f"client {party} sent a message as {env.sender} to {env.receiver}")
                     if env.stage == REFUSE:

@@ -36,7 +36,7 @@ import numpy.typing as npt
 from .base import Outgoing, Party, Reveal, ServerParty
 from .encoding import FloatArray, VectorSpec
 from .errors import EncodingError, ProtocolError, ReplayError, StageError, WireError
-from .identity import Directory, Identity
+from .identity import Authenticator, Directory, Identity
 from .messages import read_contributors, write_contributors
 from .network import Message, RunContext
 from .transcript import Exposure
@@ -270,7 +270,14 @@ class ClientEndpoint:
         contribute: Contribute,
         on_result: Callable[[RunResult], None] | None = None,
         on_party: Callable[[bytes, Party], None] | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
+        if authenticator is not None and authenticator.identity.party != party:
+            raise ValueError("the authenticator signs for another party")
+        self.authenticator = authenticator
+        """Optional envelope authentication: every message this client sends is signed, and every
+        message it receives must carry the server's registered signature (else one
+        :class:`~protocols.errors.AuthenticationError`, answered with a refusal)."""
         self.party_id = party
         self.sessions: dict[tuple[str, str], ClientSession] = {
             (key, "") if isinstance(key, str) else key: session for key, session in sessions.items()
@@ -299,6 +306,10 @@ class ClientEndpoint:
         live = self._live.get(env.run_id)
         context = live[2] if live is not None else RunContext(env.protocol, env.run_id, 0, "unknown", stage_names)
         try:
+            if self.authenticator is not None:
+                self.authenticator.check(env)
+            elif env.signature:
+                raise WireError("a signed message to a client that authenticates nothing")
             if env.sender != SERVER:
                 raise StageError("clients accept messages from the server only")
             if env.stage == OPEN:
@@ -313,8 +324,11 @@ class ClientEndpoint:
             return self._messages(out, context)
         except ProtocolError as error:
             reason = refusal(f"{type(error).__name__}: {error}")
-            out_env = Envelope(env.protocol, REFUSE, env.run_id, self.party_id, SERVER, reason)
+            out_env = self._seal(Envelope(env.protocol, REFUSE, env.run_id, self.party_id, SERVER, reason))
             return [Message(out_env.to_bytes(), context.label(REFUSE, Exposure.public()))]
+
+    def _seal(self, env: Envelope) -> Envelope:
+        return env if self.authenticator is None else self.authenticator.seal(env)
 
     def _clients(self, protocol: str) -> tuple[PartyId, ...]:
         return next(s.clients for (p, _), s in self.sessions.items() if p == protocol)
@@ -353,7 +367,7 @@ class ClientEndpoint:
             env = item.envelope
             if env.sender != self.party_id or env.receiver != SERVER:
                 raise StageError("a client party tried to send in another party's name or to a client")
-            out.append(Message(env.to_bytes(), context.label(env.stage, item.exposure)))
+            out.append(Message(self._seal(env).to_bytes(), context.label(env.stage, item.exposure)))
         return out
 
     def forget(self) -> None:

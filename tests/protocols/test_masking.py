@@ -525,7 +525,8 @@ def test_fuzzing_reaches_every_stage_in_both_directions():
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="masked uploads carry no authentication: their integrity is the network's (TLS)")
+                   reason="without make_sum(authenticate=True) masked uploads carry no authentication: their "
+                          "integrity is the network's (TLS); test_authentication.py shows the authenticated case")
 def test_a_flipped_bit_in_a_masked_upload_is_detected():
     def interceptor(data, message):
         env = message.envelope
