@@ -6,7 +6,7 @@ Never imports torch or ``secure_fl``: the dependency points one way only.
 from .base import Reveal, SumOutcome
 from .descriptors import DESCRIPTORS, ProtocolDescriptor, descriptor
 from .embedded import SecureSum, make_sum
-from .encoding import PackingLayout, VectorSpec, decode_sum, encode
+from .encoding import PackingLayout, VectorSpec, decode_sum, decode_sum_exact, encode
 from .errors import (
     AbortedError,
     AuthenticationError,
@@ -70,6 +70,7 @@ __all__ = [
     "Visibility",
     "WireError",
     "decode_sum",
+    "decode_sum_exact",
     "descriptor",
     "drive",
     "encode",

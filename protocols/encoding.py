@@ -22,13 +22,20 @@ Invariants of a :class:`VectorSpec` (checked in ``__post_init__``):
 
 A value outside the bound raises :class:`~protocols.errors.BoundError`, or, when the
 caller asks for ``clip=True``, is clipped to the bound and counted.
+
+Exactness: integers are checked and encoded as integers end to end, never through float64
+(whose 53-bit mantissa would round 2**53 + 1 and clip it silently): integer arrays are
+compared with the bound in their own dtype, unsigned values above ``2**63 - 1`` and Python
+integers beyond 64 bits are refused, a bound must be exactly representable, and
+:func:`decode_sum` refuses (:class:`~protocols.errors.CapacityError`) a sum whose float64
+result would not be exact; :func:`decode_sum_exact` returns any sum as int64.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +68,11 @@ class VectorSpec:
             raise EncodingError(f"summands must be a positive integer, got {self.summands!r}")
         if self.kind not in ("int", "float"):
             raise EncodingError(f"kind must be 'int' or 'float', got {self.kind!r}")
+        if isinstance(self.bound, bool) or not isinstance(self.bound, (int, float, np.integer, np.floating)):
+            raise EncodingError(f"bound must be a number, got {self.bound!r}")
+        if isinstance(self.bound, (int, np.integer)) and int(float(self.bound)) != int(self.bound):
+            raise EncodingError(f"bound {int(self.bound)} is not exactly representable as a float64 (it is sent "
+                                "as one): use a bound with at most 53 significant bits, e.g. a power of two")
         if not math.isfinite(self.bound) or self.bound <= 0:
             raise EncodingError(f"bound must be a finite positive number, got {self.bound!r}")
         if self.kind == "int" and float(self.bound) != int(self.bound):
@@ -84,8 +96,11 @@ class VectorSpec:
 
     @property
     def magnitude(self) -> int:
-        """Largest encoded magnitude m = round(bound * scale)."""
-        return round(self.bound * self.scale)
+        """Largest encoded magnitude m = round(bound * scale) (exact: the bound is an exact
+        float64 and the scale a power of two)."""
+        if self.kind == "int":
+            return int(self.bound)
+        return round(float(self.bound) * self.scale)
 
     @property
     def entry_max(self) -> int:
@@ -132,15 +147,41 @@ class EncodedVector:
     clipped: int
 
 
+def _encode_integers(spec: VectorSpec, arr: npt.NDArray[Any], *, clip: bool) -> EncodedVector:
+    """Integer inputs, compared and shifted as integers (no float64 on the way)."""
+    m = spec.magnitude  # < 2**63: slot_bits <= 63
+    low = -m if spec.signed else 0
+    if arr.dtype == np.uint64:
+        outside = arr > np.uint64(m)
+        values = np.minimum(arr, np.uint64(m)).astype(np.int64)
+    else:
+        wide = arr.astype(np.int64)
+        outside = (wide < low) | (wide > m)
+        values = np.clip(wide, low, m)
+    clipped = int(np.count_nonzero(outside))
+    if clipped and not clip:
+        index = int(np.flatnonzero(outside)[0])
+        raise BoundError(f"entry {index} = {int(arr[index])} is outside [{low}, {m}] ({clipped} entries out of "
+                         "bound); pass clip=True to clip and count them")
+    encoded = (values + m if spec.signed else values).astype(np.uint64)
+    return EncodedVector(values=encoded, clipped=clipped)
+
+
 def encode(spec: VectorSpec, vector: npt.ArrayLike, *, clip: bool = False) -> EncodedVector:
     """Map a vector into ``[0, entry_max]``; out-of-bound entries raise unless ``clip``."""
     arr = np.asarray(vector)
     if arr.ndim != 1 or arr.shape[0] != spec.length:
         raise EncodingError(f"expected a vector of length {spec.length}, got shape {arr.shape}")
+    if arr.dtype == object and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
+        if any(not -(1 << 63) <= v < (1 << 64) for v in arr.tolist()):
+            raise BoundError("an integer beyond 64 bits cannot be encoded exactly (no spec bound is that large)")
+        arr = np.array(arr.tolist(), dtype=np.uint64 if min(arr.tolist(), default=0) >= 0 else np.int64)
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
     ):
         raise EncodingError(f"expected numbers, got dtype {arr.dtype}")
+    if spec.kind == "int" and np.issubdtype(arr.dtype, np.integer):
+        return _encode_integers(spec, arr, clip=clip)
     values = arr.astype(np.float64)
     if not np.all(np.isfinite(values)):
         raise EncodingError("vector holds NaN or infinity")
@@ -158,10 +199,7 @@ def encode(spec: VectorSpec, vector: npt.ArrayLike, *, clip: bool = False) -> En
                 f"({clipped} entries out of bound); pass clip=True to clip and count them"
             )
         values = np.clip(values, low, high)
-    if spec.kind == "int" and np.issubdtype(arr.dtype, np.integer):
-        scaled = arr.astype(np.int64) if not clipped else values.astype(np.int64)
-    else:
-        scaled = np.rint(values * spec.scale).astype(np.int64)
+    scaled = np.rint(values * spec.scale).astype(np.int64)
     if spec.signed:
         scaled = scaled + spec.magnitude
     encoded = np.clip(scaled, 0, spec.entry_max).astype(np.uint64)
@@ -177,7 +215,22 @@ def check_encoded(spec: VectorSpec, values: UIntArray) -> None:
 
 
 def decode_sum(spec: VectorSpec, encoded_sum: UIntArray, *, contributors: int) -> FloatArray:
-    """Undo the offset and scale of a sum of ``contributors`` encoded vectors."""
+    """Undo the offset and scale of a sum of ``contributors`` encoded vectors; a
+    :class:`~protocols.errors.CapacityError` when float64 cannot hold the result exactly."""
+    total = decode_sum_exact(spec, encoded_sum, contributors=contributors)
+    out = total.astype(np.float64)
+    big = np.abs(total) > (1 << 53)
+    if np.any(big) and np.any(out[big].astype(np.int64) != total[big]):
+        index = int(np.flatnonzero(big & (out.astype(np.int64) != total))[0])
+        unit = f" x 2**-{spec.frac_bits}" if spec.kind == "float" else ""
+        raise CapacityError(f"sum entry {index} = {int(total[index])}{unit} is not exactly representable as a float64; "
+                            "read it with decode_sum_exact, or lower the bound or the number of summands")
+    return out / spec.scale
+
+
+def decode_sum_exact(spec: VectorSpec, encoded_sum: UIntArray, *, contributors: int) -> npt.NDArray[np.int64]:
+    """The sum as exact integers (in units of the spec's resolution ``2**-frac_bits`` for floats):
+    what :func:`decode_sum` returns as float64 only when float64 holds it exactly."""
     if not 1 <= contributors <= spec.summands:
         raise EncodingError(
             f"a sum of {contributors} vectors does not fit a spec for at most {spec.summands}"
@@ -187,10 +240,10 @@ def decode_sum(spec: VectorSpec, encoded_sum: UIntArray, *, contributors: int) -
     top = contributors * spec.entry_max
     if encoded_sum.size and int(encoded_sum.max()) > top:
         raise BoundError(f"sum entry exceeds {top}: the sum was corrupted or overflowed")
-    total = encoded_sum.astype(np.int64)
+    total = encoded_sum.astype(np.int64)  # top < 2**63
     if spec.signed:
         total = total - contributors * spec.magnitude
-    return total.astype(np.float64) / spec.scale
+    return total
 
 
 @dataclass(frozen=True)
