@@ -28,7 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from .base import Outgoing
 from .errors import ProtocolError
+from .masking import MaskingServer
 from .network import LocalNetwork, Message, Replies
 from .transcript import Transcript
 from .wire import SERVER, Envelope, PartyId
@@ -137,13 +139,12 @@ class TamperingNetwork(LocalNetwork):
         return Message(forged.to_bytes(), donor.label)
 
 
-class EquivocatingServer:
-    """Mixed into a masking server party: tells the first ``t`` of ``target``'s neighbours that
-    the target dropped (so they reveal shares of its mask key) and everyone else that it
-    survived (so the target and the other holders reveal shares of its seed).
-
-    With both, the server could unmask the target's input; :attr:`stolen` says whether it
-    held ``t`` shares of both secrets (then it could, and would have).
+class EquivocatingServer(MaskingServer):
+    """A masking server that equivocates about ``target``: it tells the first ``t`` of the
+    target's neighbours that the target dropped (so they reveal shares of its mask key) and
+    everyone else that it survived (so the target and the other holders reveal shares of its
+    seed). With ``t`` shares of both it could unmask the target's input: :attr:`stolen` says
+    whether it held them (the active-server setting keeps it from ever doing so).
     """
 
     target: PartyId = 0
@@ -151,37 +152,33 @@ class EquivocatingServer:
     shares: tuple[int, int] = (0, 0)
 
     def view(self, pid: PartyId) -> tuple[PartyId, ...]:
-        server: Any = self
-        contributors: tuple[PartyId, ...] = server.contributors
-        liars = set(server.graph[self.target][: server.threshold])
+        liars = set(self.graph[self.target][: self.threshold])
         if pid in liars:
-            return tuple(v for v in contributors if v != self.target)
-        return contributors
+            return tuple(v for v in self.contributors if v != self.target)
+        return self.contributors
 
-    def _after_unmasking(self) -> Any:
-        server: Any = self
-        seeds, keys = server._revealed()
+    def _after_unmasking(self) -> list[Outgoing]:
+        seeds, keys = self._revealed()
         self.shares = (len(seeds.get(self.target, [])), len(keys.get(self.target, [])))
-        self.stolen = min(self.shares) >= server.threshold
-        return super()._after_unmasking()  # type: ignore[misc]
+        self.stolen = min(self.shares) >= self.threshold
+        return super()._after_unmasking()
 
 
 def equivocate(session: Any, target: PartyId) -> list[EquivocatingServer]:
     """Make ``session`` (a masking :class:`~protocols.embedded.SecureSum`) open every run with a
     server that equivocates about ``target``; returns the list its server parties go into."""
-    from .masking import MaskingServer
-
     server_session = session.server
     opened: list[EquivocatingServer] = []
     original = server_session.open
-    cls = type("Equivocating" + MaskingServer.__name__, (EquivocatingServer, MaskingServer), {"target": target})
 
     def open_(*, run_id: bytes, request: Any) -> Any:
         party = original(run_id=run_id, request=request)
         if not isinstance(party, MaskingServer):
             raise ProtocolError("only a masking server can equivocate about dropouts")
-        party.__class__ = cls
-        opened.append(party)  # type: ignore[arg-type]
+        party.__class__ = EquivocatingServer
+        assert isinstance(party, EquivocatingServer)
+        party.target = target
+        opened.append(party)
         return party
 
     server_session.open = open_

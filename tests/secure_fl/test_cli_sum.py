@@ -49,8 +49,8 @@ def test_paillier_pool_is_filled_through_each_client_session(capsys: pytest.Capt
         original(self, count)
 
     with mock.patch.object(PaillierClientSession, "fill_pool", spy):
-        code = sum_main(["sum", "--protocol", "paillier", "--key-bits", "1024", "--clients", "4", "--length", "300",
-                         "--pool", "--json"])
+        code = sum_main(["sum", "--protocol", "paillier", "--key-bits", "1024", "--insecure-test-keys", "--clients",
+                         "4", "--length", "300", "--pool", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["correct"] is True
     assert sorted(pid for pid, _ in filled) == [0, 1, 2, 3] and all(count >= 1 for _, count in filled)
@@ -58,10 +58,63 @@ def test_paillier_pool_is_filled_through_each_client_session(capsys: pytest.Capt
 
 
 def test_table_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sum_main(["sum", "--protocol", "paillier", "--key-bits", "1024", "--keyholder", "all",
-                     "--clients", "3", "--length", "20"]) == 0
+    assert sum_main(["sum", "--protocol", "paillier", "--key-bits", "1024", "--insecure-test-keys", "--keyholder",
+                     "all", "--clients", "3", "--length", "20"]) == 0
     out = capsys.readouterr().out
     assert "correct" in out and "yes" in out and "key set-up" in out
     assert sum_main(["sum", "--protocol", "plain", "--clients", "0"]) == 2
     assert sum_main(["sum", "--protocol", "plain", "--dropout", "1.0"]) == 2
     capsys.readouterr()
+
+
+def test_one_rule_for_key_sizes_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """2 for usage and configuration (checked before any key is made), 1 for runtime failures."""
+    assert sum_main(["sum", "--protocol", "paillier", "--key-bits", "1024", "--clients", "3"]) == 2
+    assert "--insecure-test-keys" in capsys.readouterr().err
+    assert sum_main(["sum", "--protocol", "plain", "--dropout-stage", "nope"]) == 2
+    assert sum_main(["sum", "--protocol", "plain", "--bound", str(2**53 + 1)]) == 2  # not an exact bound
+    assert sum_main(["sum", "--protocol", "plain", "--bound", str(2**62), "--clients", "4"]) == 2  # no headroom
+    assert sum_main(["sum", "--protocol", "plain", "--active-server"]) == 2
+    assert sum_main(["sum", "--protocol", "plain", "--tamper", "share:1"]) == 2  # masking only
+    assert sum_main(["sum", "--protocol", "plain", "--tamper", "upload:99"]) == 2
+    assert sum_main(["sum", "--protocol", "plain", "--tamper", "bogus"]) == 2
+    capsys.readouterr()
+    assert sum_main(["sum", "--protocol", "masking", "--clients", "6", "--dropout", "0.5"]) == 1  # below threshold
+    assert "ThresholdError" in capsys.readouterr().err
+
+
+TAMPERS = [("masking", kind) for kind in ("share", "upload", "replay", "forge", "equivocate")] + [
+    ("secagg+", kind) for kind in ("share", "upload", "replay", "forge")] + [
+    ("plain", kind) for kind in ("upload", "replay", "forge")] + [
+    ("paillier", kind) for kind in ("upload", "replay", "forge")]
+
+
+@pytest.mark.parametrize(("protocol", "kind"), TAMPERS)
+def test_tamper_is_excluded_with_a_correct_sum_or_a_typed_error(protocol: str, kind: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    party = 2
+    code = sum_main(["sum", "--protocol", protocol, "--clients", "8", "--length", "12", "--bound", "31", "--seed",
+                     "5", "--key-bits", "1024", "--insecure-test-keys", "--tamper", f"{kind}:{party}", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["tamper"] == f"{kind}:{party}"
+    if "error" in report:
+        assert code == 1 and report["error"]["class"].endswith("Error")
+        return
+    assert code == 0 and report["correct"] is True
+    if kind in ("upload", "forge"):
+        assert list(report["excluded"]) == [str(party)]
+        assert report["excluded"][str(party)].startswith("AuthenticationError")
+    else:
+        assert report["excluded"] == {}
+
+
+def test_equivocation_exposes_an_input_under_secagg_plus_defaults_and_not_with_active_server(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sum", "--protocol", "secagg+", "--clients", "12", "--length", "8", "--bound", "7", "--seed", "1",
+            "--tamper", "equivocate:0", "--json"]
+    assert sum_main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["correct"] is True and report["input_exposed"] is True  # nobody noticed
+    assert sum_main([*argv, "--active-server"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["input_exposed"] is False and report["error"]["class"] == "ThresholdError"
