@@ -27,9 +27,13 @@ data:
 	  else echo "note: install the Debian package dataset-fashion-mnist for Fashion-MNIST runs"; fi; \
 	fi
 
+# The demo: five runs (FedAvg, FedShift, CLIMB, Ratio Loss, FedAvg with Dubhe's selection), each
+# statistic through its secure sum and every model update through masking; the leakage audit;
+# one self-contained HTML page of both (its path is the last line printed).
 demo: venv data
 	$(BIN)/secure-fl run experiments/demo.toml
 	$(BIN)/secure-fl audit --methods fedavg,fedshift,climb,ratio_loss,dubhe --protocols plain,masking --out runs/audit
+	$(BIN)/secure-fl report experiments/demo.toml --html runs/demo-report.html --audit runs/audit
 
 test: venv data
 	$(MAKE) typecheck

@@ -444,7 +444,7 @@ def parse_config(text: str, *, source: str = "<string>", assignments: Sequence[O
         base = _merge(copy.deepcopy(raw), _normalise_components(copy.deepcopy(override)))
         for combo in itertools.product(*(values for _, values in axes)) if axes else [()]:
             candidate = copy.deepcopy(base)
-            parts = [f"runs[{index}]"] if len(overrides) > 1 else []
+            parts = _override_label(override) if len(overrides) > 1 else []
             for (path, _), value in zip(axes, combo):
                 _set_path(candidate, path, copy.deepcopy(value))
                 parts.append(f"{path}={_short(value)}")
@@ -588,6 +588,18 @@ def _selection_sessions(run: RunConfig) -> str:
 
     sessions = make_selection(run.selection.name, run.selection.params).sessions()
     return ", ".join(f"{protocol} '{tag}'" for protocol, tag in sessions) or "its own"
+
+
+def _override_label(override: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """What a ``[[runs]]`` entry sets, for the run's label: ``method=climb secure.protocol=ckks``."""
+    parts = []
+    for key, value in override.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and not (not prefix and key in (*COMPONENT_DEFAULTS, "model")):
+            parts.extend(_override_label(value, prefix=f"{path}."))
+        else:
+            parts.append(f"{path}={_short(value)}")
+    return parts
 
 
 def _short(value: Any) -> str:

@@ -79,12 +79,12 @@ def render() -> str:
         lines.append(f"| `{name}` | `{strategy.__name__}` | {params} |")
     lines += ["", ("**Protocols** (`[secure] protocol`, `update_protocol`, `[secure.statistics]`; "
               "`protocols.DESCRIPTORS`):"), "",
-              "| name | family | exact | keyed | server learns the sum | what it is |", "|---|---|---|---|---|---|"]
-    for name, d in DESCRIPTORS.items():
+              "| name | family | exact | keyed | server learns the sum | inputs |", "|---|---|---|---|---|---|"]
+    for name, d in DESCRIPTORS.items():  # each protocol's own words: `secure-fl sum --help`, docs/protocols/
         yes = {True: "yes", False: "no"}
-        summary = " ".join(d.summary.split()).replace("|", "/")
+        inputs = "encoded integers" if d.encoded else "raw float32 (model updates only)"
         lines.append(f"| `{name}` | {d.family} | {yes[d.exact]} | {yes[d.keyed]} | {yes[d.server_learns_sum]} | "
-                     f"{summary} |")
+                     f"{inputs} |")
     return "\n".join(lines) + "\n"
 
 

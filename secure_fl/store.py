@@ -17,9 +17,9 @@ The file lives at ``<workspace>/secure-fl.sqlite``; the workspace is ``--workspa
 ``$SECURE_FL_WORKSPACE``, else ``./runs``.
 
 Schema versions (``meta.schema``): 2 added ``round_metrics``, ``round_privacy`` and
-``checkpoints.privacy``; 3 ``round_releases``; 4 (this version) ``runs.error`` (why a run
-failed) and ``round_releases.entries`` (entries per contributor, so a clipped fraction needs
-nothing else). An older file is migrated in place when opened for writing, in one transaction
+``checkpoints.privacy``; 3 ``round_releases``; 4 ``runs.error`` (why a run failed) and
+``round_releases.entries`` (entries per contributor, so a clipped fraction needs nothing
+else); 5 (this version) ``round_stage_bytes`` (bytes per statistic and protocol stage). An older file is migrated in place when opened for writing, in one transaction
 (tables and nullable columns added, nothing rewritten), so older runs stay readable and
 resumable; opened read-only (:meth:`RunStore.open_readonly`, what ``secure-fl runs`` and
 ``secure-fl report`` use) it is read as it is, never changed.
@@ -64,7 +64,7 @@ WORKSPACE_ENV = "SECURE_FL_WORKSPACE"
 TIMEOUT_ENV = "SECURE_FL_STORE_TIMEOUT"
 DEFAULT_WORKSPACE = "runs"
 DB_NAME = "secure-fl.sqlite"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -129,6 +129,10 @@ CREATE TABLE IF NOT EXISTS round_releases (
     protocol TEXT NOT NULL, contributors INTEGER NOT NULL, dropouts INTEGER NOT NULL, clipped INTEGER,
     bytes INTEGER NOT NULL, entries INTEGER,
     PRIMARY KEY (run_id, round, seq)
+);
+CREATE TABLE IF NOT EXISTS round_stage_bytes (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, statistic TEXT NOT NULL, stage TEXT NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, round, statistic, stage)
 );
 CREATE TABLE IF NOT EXISTS round_privacy (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, name TEXT NOT NULL, epsilon REAL, delta REAL NOT NULL,
@@ -287,6 +291,9 @@ class RoundRow:
     privacy: dict[str, RoundPrivacy] = field(default_factory=dict)
     releases: list[ReleaseRow] = field(default_factory=list)
     """The round's statistic releases in order (set-up releases are in round 0)."""
+    stage_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Bytes by statistic, then by protocol stage (``upload``, ``advertise_keys``, ...): ``bytes`` split
+    further (empty in stores before schema 5)."""
 
     @property
     def bytes_total(self) -> int:
@@ -533,6 +540,10 @@ class RunStore:
                 statistic=row["statistic"], protocol=row["protocol"], contributors=row["contributors"],
                 dropouts=row["dropouts"], clipped=row["clipped"], bytes=row["bytes"],
                 entries=row["entries"] if self._column("round_releases", "entries") else None))
+        stages: dict[int, dict[str, dict[str, int]]] = {}
+        for row in self._rows("round_stage_bytes", "SELECT round, statistic, stage, bytes FROM round_stage_bytes "
+                              "WHERE run_id = ? ORDER BY round, statistic, stage", (run_id,)):
+            stages.setdefault(row["round"], {}).setdefault(row["statistic"], {})[row["stage"]] = row["bytes"]
         out = []
         for row in self._db.execute("SELECT * FROM rounds WHERE run_id = ? ORDER BY round", (run_id,)):
             out.append(RoundRow(
@@ -541,7 +552,7 @@ class RunStore:
                 per_class_accuracy=json.loads(row["per_class"]), clients=json.loads(row["clients"]),
                 clipped=row["clipped"], seconds=row["seconds"], bytes=bytes_by_round.get(row["round"], {}),
                 metrics=metrics.get(row["round"], {}), privacy=privacy.get(row["round"], {}),
-                releases=releases.get(row["round"], []),
+                releases=releases.get(row["round"], []), stage_bytes=stages.get(row["round"], {}),
             ))
         return out
 
@@ -632,6 +643,9 @@ class RunStore:
             )
             db.executemany("INSERT INTO round_bytes VALUES (?, ?, ?, ?)",
                            [(run_id, row.round, name, int(n)) for name, n in sorted(row.bytes.items())])
+            db.executemany("INSERT INTO round_stage_bytes VALUES (?, ?, ?, ?, ?)",
+                           [(run_id, row.round, name, stage, int(n)) for name, by_stage in sorted(row.stage_bytes.items())
+                            for stage, n in sorted(by_stage.items())])
             db.executemany("INSERT INTO round_releases (run_id, round, seq, statistic, protocol, contributors,"
                            " dropouts, clipped, bytes, entries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [(run_id, row.round, seq, r.statistic, r.protocol, int(r.contributors), int(r.dropouts),

@@ -106,6 +106,13 @@ def configure_logging(*, verbose: int = 0, quiet: int = 0, log_file: str | None 
     warnings_logger.propagate = False
 
 
+def program() -> str:
+    """How the user invoked the command, for hints they can paste: ``.venv/bin/secure-fl`` when run
+    from there, else ``secure-fl``."""
+    invoked = sys.argv[0] if sys.argv else ""
+    return invoked if os.path.basename(invoked) == "secure-fl" else "secure-fl"
+
+
 def ensure_logging() -> None:
     """The default configuration, when a command runs without :func:`main` (tests, ``python -m``)."""
     logger = logging.getLogger("secure_fl")

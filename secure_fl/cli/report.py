@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("secure_fl.cli")
@@ -23,18 +24,32 @@ def register(sub: Any) -> None:
                    help="config file(s), run id(s), batch id or run name")
     p.add_argument("--table", default="runs", help="table formatter (default: runs; see --list)")
     p.add_argument("--out", metavar="DIR", help="write <table>.md and PNG figures into DIR")
+    p.add_argument("--html", metavar="FILE",
+                   help="write one self-contained HTML page: the runs' table, accuracy curves, per-class accuracy, "
+                        "bytes per statistic and stage (and the audit with --audit)")
+    p.add_argument("--audit", metavar="DIR",
+                   help="with --html: add the leakage audit that `secure-fl audit --out DIR` wrote")
     # secure_fl.report.SUMMARIES, spelled out so that building the parser imports no numpy
     p.add_argument("--metric", choices=["tail", "final", "best"], default="tail",
                    help="accuracy summary per run: mean of the last tail_rounds rounds (default), the "
                         "last round, or the best round (the FedShift paper's; chosen on the test set)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="formatter option (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", type=_assignment,
+                   help="the --set overrides the runs of a config file were run with (repeatable)")
     p.add_argument("--allow-missing", action="store_true",
                    help="report the runs of a config that exist even if some are missing")
     p.add_argument("--workspace", help="run store directory (default: $SECURE_FL_WORKSPACE or ./runs)")
     p.add_argument("--list", action="store_true", help="list the registered tables and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -74,18 +89,33 @@ def run(args: argparse.Namespace) -> int:
         log.info("report: reading %s, table %s%s", ", ".join(args.sources), args.table,
                  f", figures into {args.out}" if args.out else "")
         report, runs = build_report(args.sources, args.table, out_dir=args.out, metric=args.metric,
-                                    options=options, workspace=args.workspace, allow_missing=args.allow_missing)
+                                    options=options, workspace=args.workspace, allow_missing=args.allow_missing,
+                                    assignments=args.set)
     except (ReportError, ValueError) as error:
         if args.json:
             print(json.dumps({"error": str(error)}))
         log.error("%s", error)
         return 1
-    log.info("report: %d runs, %d figures", len(runs), len(report.figures))
+    log.info("report: %d runs%s", len(runs), f", {len(report.figures)} figures" if report.figures else "")
+    html_path = None
+    if args.html:
+        from secure_fl.report.html import write_html
+
+        if args.audit and not (Path(args.audit) / "audit.json").is_file():
+            log.warning("no audit in %s (secure-fl audit --out %s writes one); the page has none", args.audit,
+                        args.audit)
+        html_path = write_html(args.html, runs, audit=args.audit, source=", ".join(args.sources),
+                               title=f"secure-fl report — {', '.join(args.sources)}")
+        log.info("report: wrote %s", html_path)
     if args.json:
         out = report.as_json()
         out["runs"] = [r.as_json() for r in runs]
         out["metric"] = args.metric
+        if html_path is not None:
+            out["html"] = str(html_path)
         print(json.dumps(out))
+    elif html_path is not None:
+        print(f"report: {html_path.resolve()}")
     else:
         print(report.markdown, end="")
         for path in report.figures:

@@ -39,7 +39,7 @@ from secure_fl.device import DEVICE_CHOICES
 
 log = logging.getLogger("secure_fl.cli")
 
-__all__ = ["clipped_cell", "format_rounds", "format_summary", "format_value", "register", "run", "text_table"]
+__all__ = ["clipped_cell", "format_rounds", "format_summary", "format_value", "register", "run", "selection_cell", "statistics_cell", "text_table"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -129,7 +129,7 @@ def format_rounds(summary: Any) -> str:
         for r in summary.history
     ]
     title = f"run {summary.id} — {summary.method}/{summary.loss}, statistics: {statistics_cell(summary)}, " \
-            f"updates: {summary.update_protocol}, seed {summary.seed}"
+            f"updates: {summary.update_protocol}, selection: {selection_cell(summary)}, seed {summary.seed}"
     if summary.label:
         title += f" ({summary.label})"
     headers = ["round", "accuracy", "minority", "AUC", "train loss", "test loss", "clients", "bytes", "s",
@@ -147,13 +147,26 @@ def protocols_text(protocols: Mapping[str, str], default: str) -> str:
     return ", ".join(named) if named else default
 
 
-def statistics_cell(summary: Any) -> str:
-    """Which protocol each statistic went through, ``name:protocol``: from the run's releases, else
-    (nothing released yet) from its plan, else the run's default protocol."""
+def _protocols(summary: Any) -> dict[str, str]:
     statistics = getattr(summary, "statistics", None) or {}
     released = {name: entry["protocol"] for name, entry in statistics.items()}
-    planned = getattr(summary, "planned", None) or {}
-    return protocols_text({**planned, **released}, summary.protocol)
+    return {**(getattr(summary, "planned", None) or {}), **released}
+
+
+def statistics_cell(summary: Any) -> str:
+    """Which protocol each of the method's statistics went through, ``name:protocol``: from the run's
+    releases, else (nothing released yet) from its plan, else the run's default protocol. The
+    selection's statistics are in :func:`selection_cell`."""
+    own = set(getattr(summary, "selection_statistics", ()) or ())
+    return protocols_text({n: p for n, p in _protocols(summary).items() if n not in own}, summary.protocol)
+
+
+def selection_cell(summary: Any) -> str:
+    """The selection strategy and the protocols its statistics went through: ``dubhe (paillier, plain)``."""
+    name = getattr(summary, "selection", "random")
+    own = set(getattr(summary, "selection_statistics", ()) or ())
+    protocols = sorted({p for n, p in _protocols(summary).items() if n in own})
+    return f"{name} ({', '.join(protocols)})" if protocols else name
 
 
 def clipped_cell(summary: Any) -> str:
@@ -172,7 +185,7 @@ def format_summary(summaries: Sequence[Any]) -> str:
     """One line per run: protocols, selection, final and tail metrics, clipping, bytes (and the
     status when a run did not finish)."""
     rows = [
-        [s.id, s.method, s.loss, statistics_cell(s), s.update_protocol, getattr(s, "selection", "random"),
+        [s.id, s.method, s.loss, statistics_cell(s), s.update_protocol, selection_cell(s),
          str(s.seed), str(s.rounds), format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]),
          format_value(s.tail["minority_accuracy"]), format_value(s.tail["auc"]), clipped_cell(s), _bytes(s.bytes_total)]
         for s in summaries
@@ -268,7 +281,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from secure_fl.cli import ensure_logging
+    from secure_fl.cli import ensure_logging, program
 
     ensure_logging()
     from secure_fl.config import ConfigError, load_config
@@ -299,8 +312,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         if progress.current is not None:
-            log.error("interrupted during run %s; continue the batch with: secure-fl run %s --resume %s%s",
-                      progress.current.id, args.config, progress.current.id,
+            log.error("interrupted during run %s; continue the batch with: %s run %s --resume %s%s",
+                      progress.current.id, program(), args.config, progress.current.id,
                       f" --workspace {args.workspace}" if args.workspace else "")
         raise
     failed = [s for s in summaries if s.status == "failed"]
@@ -313,13 +326,13 @@ def run(args: argparse.Namespace) -> int:
                 print(format_rounds(summary), end="\n\n")
         print(format_summary(summaries))
         where = f" --workspace {args.workspace}" if args.workspace else ""
-        print(f"\nstored in {store.path}; list runs with: secure-fl runs{where}")
+        print(f"\nstored in {store.path}; list runs with: {program()} runs{where}")
     if failed:
         skipped = len(experiment.runs) - len(summaries)
         first = failed[0]
-        log.error("%d of %d runs failed (%s)%s; fix the cause, then continue with: secure-fl run %s --resume %s%s",
+        log.error("%d of %d runs failed (%s)%s; fix the cause, then continue with: %s run %s --resume %s%s",
                   len(failed), len(experiment.runs), ", ".join(f"{s.id}: {s.error}" for s in failed),
-                  f", {skipped} not started (--fail-fast)" if skipped else "", args.config, first.id,
+                  f", {skipped} not started (--fail-fast)" if skipped else "", program(), args.config, first.id,
                   f" --workspace {args.workspace}" if args.workspace else "")
         return 1
     return 0

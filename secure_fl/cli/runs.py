@@ -27,10 +27,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from secure_fl.cli import ensure_logging
+    from secure_fl.cli import ensure_logging, program
 
     ensure_logging()
-    from secure_fl.cli.run import clipped_cell, format_value, statistics_cell, text_table
+    from secure_fl.cli.run import (
+        clipped_cell,
+        format_value,
+        selection_cell,
+        statistics_cell,
+        text_table,
+    )
     from secure_fl.runtime import summarize
     from secure_fl.store import DB_NAME, RunStore, StoreError, workspace_path
 
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"runs": []}))
         else:
-            log.info("no runs yet (%s does not exist); start one with: secure-fl run CONFIG", path)
+            log.info("no runs yet (%s does not exist); start one with: %s run CONFIG", path, program())
         return 0
     try:
         with RunStore.open_readonly(path) as store:  # reads only: works on a read-only or older store
@@ -62,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [
         [r.id, r.batch_id, dt.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M"), r.status, r.method,
-         r.loss, statistics_cell(s), r.update_protocol, s.selection, str(r.seed), f"{r.rounds_done}/{r.rounds}",
+         r.loss, statistics_cell(s), r.update_protocol, selection_cell(s), str(r.seed), f"{r.rounds_done}/{r.rounds}",
          format_value(s.final["accuracy"]), format_value(s.tail["accuracy"]), clipped_cell(s), r.label or r.name]
         for r, s in zip(rows, summaries)
     ]

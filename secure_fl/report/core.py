@@ -309,11 +309,11 @@ def _newest_first(rows: Iterable[RunRow]) -> list[RunRow]:
 
 
 def _from_config_file(store: RunStore, path: Path, statuses: Sequence[str],
-                      allow_missing: bool) -> list[RunRow]:
+                      allow_missing: bool, assignments: Sequence[tuple[str, Any]] = ()) -> list[RunRow]:
     from secure_fl.config import ConfigError, RunConfig, load_config
 
     try:
-        experiment = load_config(path)
+        experiment = load_config(path, overrides=assignments)
     except ConfigError as error:
         raise ReportError(str(error)) from None
     wanted = [(c.label or c.name, _canonical(c.to_dict())) for c in experiment.runs]
@@ -334,7 +334,8 @@ def _from_config_file(store: RunStore, path: Path, statuses: Sequence[str],
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise MissingRunsError(
             f"{path}: {len(missing)} of {len(wanted)} runs not found finished in {store.path}: {shown} "
-            f"(run `secure-fl run {path}`, or report what exists with allow_missing)", missing)
+            f"(run them first: secure-fl run {path}{''.join(f' --set {k}={v}' for k, v in assignments)}; or "
+            "report the ones that exist with --allow-missing)", missing)
     return found
 
 
@@ -372,6 +373,7 @@ def load_runs(
     workspace: str | Path | None = None,
     statuses: Sequence[str] = ("done",),
     allow_missing: bool = False,
+    assignments: Sequence[tuple[str, Any]] = (),
 ) -> list[RunRecord]:
     """The runs ``sources`` name (see the module docstring), de-duplicated by config."""
     if isinstance(sources, str):
@@ -393,7 +395,7 @@ def load_runs(
             if source.endswith(".toml") or path.is_file():
                 if not path.is_file():
                     raise ReportError(f"config file {source} not found")
-                rows.extend(_from_config_file(store, path, statuses, allow_missing))
+                rows.extend(_from_config_file(store, path, statuses, allow_missing, assignments))
             else:
                 rows.extend(_from_token(store, source, statuses))
         kept: dict[str, RunRow] = {}
@@ -742,11 +744,12 @@ def build_report(
     workspace: str | Path | None = None,
     store: RunStore | None = None,
     allow_missing: bool = False,
+    assignments: Sequence[tuple[str, Any]] = (),
 ) -> tuple[TableReport, list[RunRecord]]:
     """Load the runs, format ``table``, and (with ``out_dir``) write ``<table>.md`` and figures there."""
     _check_summary(metric)
     spec = get_table(table)
-    runs = load_runs(sources, store=store, workspace=workspace, allow_missing=allow_missing)
+    runs = load_runs(sources, store=store, workspace=workspace, allow_missing=allow_missing, assignments=assignments)
     if not runs:
         raise ReportError(f"no finished runs found for {', '.join([sources] if isinstance(sources, str) else sources)}")
     out = None if out_dir is None else Path(out_dir)

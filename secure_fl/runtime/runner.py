@@ -68,6 +68,8 @@ class RunSummary:
     tail_rounds: int
     bytes_total: int
     bytes_by_statistic: dict[str, int] = field(default_factory=dict)
+    bytes_by_stage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Bytes by statistic, then protocol stage (empty for runs stored before schema 5)."""
     statistics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per statistic: the protocol it went through, its bytes, the entries clipped (``None``
     when not counted, e.g. noised) and the number of releases."""
@@ -81,6 +83,8 @@ class RunSummary:
     """The protocol the run's plan gives each statistic (model-sized sums excluded), from its config."""
     selection: str = "random"
     """The run's selection strategy (its registry name)."""
+    selection_statistics: tuple[str, ...] = ()
+    """The statistics the selection strategy (not the method) asks the clients for."""
     error: str | None = None
     """Why the run failed (``status == "failed"``), one line."""
 
@@ -90,7 +94,8 @@ class RunSummary:
             "protocol": self.protocol, "update_protocol": self.update_protocol, "seed": self.seed,
             "rounds": self.rounds, "status": self.status, "final": self.final, "tail": self.tail,
             "tail_rounds": self.tail_rounds,
-            "bytes": {"total": self.bytes_total, "by_statistic": self.bytes_by_statistic},
+            "bytes": {"total": self.bytes_total, "by_statistic": self.bytes_by_statistic,
+                      "by_stage": self.bytes_by_stage},
             "statistics": self.statistics, "selection": self.selection, "error": self.error,
         }
         if self.privacy is not None:
@@ -200,17 +205,25 @@ def summarize(store: RunStore, run_id: str) -> RunSummary:
     run = store.run(run_id)
     rows = store.rounds(run_id)
     tail_rounds = int(run.config.get("tail_rounds", 5))
+    planned, selection_statistics = _planned(run.config)
     by_statistic: dict[str, int] = {}
+    by_stage: dict[str, dict[str, int]] = {}
     for row in rows:
         for name, n in row.bytes.items():
             by_statistic[name] = by_statistic.get(name, 0) + n
+        for name, stages in row.stage_bytes.items():
+            total = by_stage.setdefault(name, {})
+            for stage, n in stages.items():
+                total[stage] = total.get(stage, 0) + n
     return RunSummary(
         id=run.id, name=run.name, label=run.label, method=run.method, loss=run.loss, protocol=run.protocol,
         update_protocol=run.update_protocol, seed=run.seed, rounds=len(rows), status=run.status,
         final=_metrics(rows[-1:]), tail=_metrics(rows[-tail_rounds:]), tail_rounds=tail_rounds,
         bytes_total=sum(by_statistic.values()), bytes_by_statistic=dict(sorted(by_statistic.items())),
+        bytes_by_stage={name: dict(sorted(stages.items())) for name, stages in sorted(by_stage.items())},
         statistics=_statistics(rows), history=tuple(rows), privacy=_privacy(rows), metrics=_method_metrics(rows, tail_rounds),
-        planned=_planned(run.config), selection=_selection_name(run.config), error=run.error,
+        planned=planned, selection=_selection_name(run.config), selection_statistics=selection_statistics,
+        error=run.error,
     )
 
 
@@ -219,14 +232,23 @@ def _selection_name(config: dict[str, Any]) -> str:
     return str(selection.get("name", "random") if isinstance(selection, dict) else selection)
 
 
-def _planned(config: dict[str, Any]) -> dict[str, str]:
-    """:func:`~secure_fl.config.planned_protocols` of a stored config ({} if it no longer resolves)."""
-    from secure_fl.config import ConfigError, planned_protocols
+def _planned(config: dict[str, Any]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """:func:`~secure_fl.config.planned_protocols` of a stored config and the names of its selection's
+    statistics (({}, ()) if the config no longer resolves)."""
+    from secure_fl.config import (
+        SELECTION,
+        SELECTION_SESSION,
+        ConfigError,
+        declared_statistics,
+        planned_protocols,
+    )
 
     try:
-        return planned_protocols(RunConfig.from_dict(config))
+        run = RunConfig.from_dict(config)
+        kinds = declared_statistics(run)
+        return planned_protocols(run), tuple(sorted(n for n, k in kinds.items() if k in (SELECTION, SELECTION_SESSION)))
     except (ConfigError, TypeError, ValueError, KeyError):
-        return {}
+        return {}, ()
 
 
 def describe_error(error: BaseException) -> str:
@@ -310,7 +332,8 @@ def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.d
             auc=metrics["auc"], train_loss=result.train_loss, test_loss=metrics["test_loss"],
             per_class_accuracy=list(metrics["per_class_accuracy"]), clients=list(result.selected),
             clipped=result.clipped, seconds=time.perf_counter() - start,
-            bytes=sim.stats.bytes_by_statistic(result.round), privacy=result.privacy,
+            bytes=sim.stats.bytes_by_statistic(result.round), stage_bytes=_stage_bytes(sim, result.round),
+            privacy=result.privacy,
             # the method's metrics and, named sim.*, the harness's simulator telemetry
             metrics={**result.metrics, **result.telemetry},
             releases=[ReleaseRow(statistic=r.name, protocol=r.protocol, contributors=len(r.contributors),
@@ -324,6 +347,16 @@ def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.d
             observer.round_finished(run, row)
         if not warned:
             warned = _warn_clipping(run, config, history, declared)
+
+
+def _stage_bytes(sim: Any, round: int) -> dict[str, dict[str, int]]:
+    """The round's transcript bytes by statistic, then protocol stage."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in sim.transcript.entries:
+        if entry.round == round:
+            stages = out.setdefault(entry.statistic, {})
+            stages[entry.stage] = stages.get(entry.stage, 0) + entry.bytes
+    return out
 
 
 def _warn_clipping(run: RunRow, config: RunConfig, history: Sequence[RoundRow], declared: Any) -> bool:

@@ -138,7 +138,7 @@ seed = [0, 1]
     assert runs[0].method.params == {"mu": 0.5} and runs[0].method.name == "fedprox"
     assert runs[2].method.name == "scaffold" and runs[2].method.params == {} and runs[2].train.rounds == 5
     assert runs[2].train.clients_per_round == 4 and runs[3].seed == 1
-    assert runs[3].label == "runs[1] seed=1"
+    assert runs[3].label == "method=scaffold train.rounds=5 seed=1"  # what the [[runs]] entry sets
     assert "unknown key 'runs[0].sweep'" in error(BASE + "[[runs]]\nsweep = {}\n")
 
 
@@ -155,14 +155,23 @@ def test_minority_and_data_options() -> None:
 
 
 def test_demo_config_is_small() -> None:
+    """The demo: FedAvg, FedShift (prior through Paillier), CLIMB (averages through masking), Ratio Loss
+    (totals through CKKS) and Dubhe selection, model updates through masking, in seconds per run."""
+    from secure_fl.config import planned_protocols
+
     experiment = load_config(ROOT / "experiments" / "demo.toml")
-    assert experiment.name == "demo" and 1 <= len(experiment.runs) <= 4
+    assert experiment.name == "demo" and len(experiment.runs) == 5
     for run in experiment.runs:
-        assert run.data.dataset == "fashion-mnist" and run.data.num_clients == 10
-        assert run.secure.protocol == "paillier" and run.secure.options["paillier"]["key_bits"] == 2048
+        assert run.data.dataset == "fashion-mnist" and run.secure.update_protocol == "masking"
+        assert run.secure.options["paillier"]["key_bits"] == 2048
         work = run.train.rounds * (run.data.train_samples or 60000) * run.train.local_epochs
         assert work <= 200_000  # samples trained per run: seconds on 2 cores with the MLP
-    assert {r.method.name for r in experiment.runs} >= {"fedavg"}
+    plans = {(r.method.name, r.selection.name): planned_protocols(r) for r in experiment.runs}
+    assert plans[("fedshift", "random")]["label_histogram"] == "paillier"
+    assert plans[("climb", "random")]["climb_loss"] == plans[("climb", "random")]["climb_lambda"] == "masking"
+    assert plans[("ratio_loss", "random")]["ratio_monitor_total"] == "ckks"
+    assert plans[("fedavg", "dubhe")]["dubhe_registry"] == "paillier"
+    assert ("fedavg", "random") in plans
 
 
 TRAINING_CONFIGS = sorted(p for p in (ROOT / "experiments").rglob("*.toml")

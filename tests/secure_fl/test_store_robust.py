@@ -1,6 +1,6 @@
 """The store is robust: corrupt, foreign, locked, newer-schema and read-only files give one
 StoreError naming the file and are never written; older schemas migrate (schema 4: runs.error,
-round_releases.entries) or are read as they are when opened read-only."""
+round_releases.entries; 5: round_stage_bytes) or are read as they are when opened read-only."""
 
 from __future__ import annotations
 
@@ -172,9 +172,11 @@ def test_a_failure_reason_and_release_entries_round_trip(tmp_path: Path) -> None
         _, (run_id,) = store.create_batch(name="t", source="-", runs=[describe()])
         release = ReleaseRow("model_update", "masking", contributors=4, dropouts=0, clipped=10, bytes=9, entries=50)
         assert release.values == 200
-        store.record_round(run_id, RoundRow(**{**row(0).__dict__, "releases": [release]}),
+        stages = {"model_update": {"upload": 7, "unmasking": 2}, "setup": {"advertise_keys": 5}}
+        store.record_round(run_id, RoundRow(**{**row(0).__dict__, "releases": [release], "stage_bytes": stages}),
                            Checkpoint(round=0, model=b"m", algorithm=b"a", selection=b"s"))
         assert store.rounds(run_id)[0].releases == [release]
+        assert store.rounds(run_id)[0].stage_bytes == stages
         store.set_status(run_id, "failed", error="interrupted")
         assert store.run(run_id).status == "failed" and store.run(run_id).error == "interrupted"
         store.set_status(run_id, "running")  # resumed: the reason goes
