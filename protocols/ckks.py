@@ -10,7 +10,7 @@ aggregate into the exact encoded sum.
 modulus chain of one data prime (more beyond 60 bits) and one special prime, and the scale
 that keeps the error bound within 1/4. Counts up to 2**16 from 100 clients run at N = 4096 with
 a 49-bit data prime (46 bits when every client holds the key), model updates at the runtime's
-2**-24 resolution with a 59-bit one; before, every sum ran at N = 8192 with primes of 60, 40,
+2**-24 resolution with a 58-bit one; before, every sum ran at N = 8192 with primes of 60, 40,
 40 and 60 bits (:data:`LEGACY`). Options can fix the ring, or the whole parameter set.
 
 **Exact sums.** Clients encrypt their *encoded* entries (the integers of

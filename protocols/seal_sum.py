@@ -22,9 +22,10 @@ modulus chain, CKKS scale or BFV plaintext modulus) are a public function of its
 security, or fixed ones the options name. Server and clients derive them each on its own; a
 sum's ``open`` carries them (so they are in the transcript), and a client refuses a run under
 other parameters than it derives. Keys belong to one parameter set: :meth:`SealServerSession.check`
-notes the parameter set a sum needs, and :meth:`SealServerSession.setup` runs the key set-up
-(:mod:`protocols.seal_setup`, messages between the parties) for the first one that has no keys
-yet — lazily, so a run sets up exactly the key sets its statistics need.
+notes the parameter set of the sum about to open (``ready`` is whether it has keys), and
+:meth:`SealServerSession.setup` runs its key set-up (:mod:`protocols.seal_setup`, messages
+between the parties) when it has none yet — lazily, so a run sets up exactly the key sets its
+statistics need.
 
 **A sum**, one exchange per stage: ``open`` goes to the participants (and the agent in agent
 mode); participants answer ``upload``. The server adds the ciphertexts and sends ``aggregate``
@@ -328,7 +329,7 @@ class SealServer(ServerParty):
 
 class SealServerSession(ServerSession):
     """The server's long-lived state: per parameter set, its own copy of the public context and
-    that key set's agent; and which parameter sets the sums checked so far need."""
+    that key set's agent; and the parameter set of the sum checked last."""
 
     scheme: ClassVar[SumScheme]
     options_class: ClassVar[type[Any]]
@@ -337,9 +338,8 @@ class SealServerSession(ServerSession):
         super().__init__(clients=clients, options=self._options(options))
         self.options: SealOptions
         self.keysets: dict[raw.SealParameters, tuple[raw.PublicKeys, PartyId]] = {}
-        self._needed: dict[raw.SealParameters, None] = {}
-        if self.options.fixed is not None:
-            self._needed[self.options.fixed] = None
+        self._pending: raw.SealParameters | None = self.options.fixed
+        """The parameter set of the sum checked last (the one set-up and ``ready`` are about)."""
         self._latest: raw.SealParameters | None = None
 
     @classmethod
@@ -348,8 +348,8 @@ class SealServerSession(ServerSession):
 
     @property
     def ready(self) -> bool:
-        """Every parameter set a checked sum needs has its keys."""
-        return all(params in self.keysets for params in self._needed)
+        """The sum checked last (or the fixed parameter set) has its keys."""
+        return self._pending is None or self._pending in self.keysets
 
     @property
     def agent(self) -> PartyId | None:
@@ -370,10 +370,10 @@ class SealServerSession(ServerSession):
         return self.keysets.get(params)
 
     def setup(self, *, run_id: bytes, round: int = -1, statistic: str = "setup") -> ServerParty | None:
-        """The set-up run of the first needed parameter set without keys (its agent picked with
-        ``secrets``); ``None`` when every needed one has keys."""
-        missing = next((p for p in self._needed if p not in self.keysets), None)
-        if missing is None:
+        """The set-up run of the parameter set of the sum checked last, when it has no keys yet
+        (its agent picked with ``secrets``); ``None`` otherwise."""
+        missing = self._pending
+        if missing is None or missing in self.keysets:
             return None
         params: SetupParams[Any] = SetupParams(secrets.choice(self.clients), self.options.keyholder, missing)
         request = SumRequest(kind="setup", statistic=statistic, round=round, spec=None, reveal=Reveal(),
@@ -400,7 +400,7 @@ class SealServerSession(ServerSession):
         if self.options.keyholder == "agent" and not reveal.server:
             raise ValueError("keyholder='agent' releases sums through the server; use keyholder='all' "
                              "for a sum the server must not learn")
-        self._needed[self.parameters(spec)] = None
+        self._pending = self.parameters(spec)
 
     def open(self, *, run_id: bytes, request: SumRequest) -> ServerParty:
         if request.kind != "sum" or request.spec is None:

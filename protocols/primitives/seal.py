@@ -45,14 +45,12 @@ import contextlib
 import hashlib
 import hmac
 import itertools
-import math
 import os
 import shutil
 import struct
 import tempfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Final
@@ -145,10 +143,6 @@ def batching_prime(poly_modulus_degree: int, bits: int) -> int:
         return int(sealapi.PlainModulus.Batching(poly_modulus_degree, bits).value())
     except Exception as error:  # noqa: BLE001
         raise CapacityError(f"no {bits}-bit plaintext prime for N = {poly_modulus_degree}: {error}") from None
-
-
-def log2_product(primes: Sequence[int]) -> float:
-    return float(sum(math.log2(p) for p in primes))
 
 
 class SealParameters(ABC):
@@ -428,6 +422,8 @@ def unwrap(proto: bytes) -> bytes:
 
 _COUNTER = itertools.count()
 _SCRATCH: dict[int, str] = {}
+_MEMFD = True
+"""Whether SEAL can write through ``/proc/self/fd`` here (cleared after the first failure)."""
 
 
 def _scratch_path() -> str:
@@ -444,13 +440,15 @@ def _scratch_path() -> str:
 def saved(obj: Any) -> bytes:
     """SEAL's serialisation of a ciphertext or of a seeded ``Serializable`` one (ciphertexts only:
     the bytes pass through an in-memory file, see the module docstring)."""
+    global _MEMFD
     memfd = getattr(os, "memfd_create", None)
-    if memfd is not None:
+    if memfd is not None and _MEMFD and os.path.isdir("/proc/self/fd"):
         fd = memfd("secure-fl-seal", 0)
         try:
             obj.save(f"/proc/self/fd/{fd}")
-            size = os.fstat(fd).st_size
-            return os.pread(fd, size, 0)
+            return os.pread(fd, os.fstat(fd).st_size, 0)
+        except Exception:  # noqa: BLE001  (a /proc that cannot reopen the file: use a private directory)
+            _MEMFD = False
         finally:
             os.close(fd)
     path = _scratch_path()

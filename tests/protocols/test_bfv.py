@@ -535,3 +535,27 @@ def test_client_snapshots_round_trip_keep_working_and_are_parsed_strictly(keyhol
         other = next(p for p in range(n) if p != agent_of(session))
         with pytest.raises(PolicyError):
             BfvClientSession(other, clients=range(n)).load_bytes(client_of(session, agent_of(session)).to_bytes())
+
+
+def test_released_sums_read_by_the_transcript_reader_and_serialisation_without_memfd(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's reader (named by the descriptor) reads a BFV release; ciphertexts serialise
+    through a private directory where SEAL cannot write through /proc."""
+    monkeypatch.setattr(seal, "_MEMFD", False)
+    spec = VectorSpec(length=6, summands=3, bound=9)
+    captured: list[Message] = []
+
+    def keep(data: bytes, message: Message) -> bytes:
+        if message.envelope is not None and message.label.stage == "result":
+            captured.append(message)
+        return data
+
+    values = counts(3, 6, 9, seed=11)
+    session = make_sum("bfv", clients=[0, 1, 2], network=LocalNetwork(interceptor=keep))
+    out = session.sum(values, spec=spec, reveal=Reveal(server=True, clients=False))
+    request = SumRequest(kind="sum", statistic="sum", round=0, spec=spec, reveal=Reveal(), participants=(0, 1, 2))
+    reader = descriptor("bfv").message_reader()
+    readings = [reader.read("result", m.envelope, request, clients=(0, 1, 2)) for m in captured
+                if m.envelope is not None]
+    assert readings and all(r is not None and np.array_equal(r.values, out.total) for r in readings)
+    assert np.array_equal(out.total, plain_total(values, spec))
