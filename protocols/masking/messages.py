@@ -279,7 +279,7 @@ def masked_to_bytes(words: Words) -> bytes:
     return b"".join((_MASKED_HEADER.pack(words.dtype.itemsize, words.shape[0]), words.data))
 
 
-def masked_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any]) -> Words:
+def masked_from_bytes(data: bytes | memoryview, *, spec: VectorSpec, dtype: np.dtype[Any]) -> Words:
     if len(data) < _MASKED_HEADER.size:
         raise WireError("masked input truncated")
     width, count = _MASKED_HEADER.unpack_from(data)
@@ -296,7 +296,10 @@ def masked_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any]) ->
 def upload_to_bytes(words: Words, complaints: Sequence[PartyId] = ()) -> bytes:
     """The masked upload: the owners whose sealed shares failed to open here (each then leaves
     the sum as a dropout), then the masked vector."""
-    return _write_ids(Writer(), sorted(complaints)).finish() + masked_to_bytes(words)
+    head = _write_ids(Writer(), sorted(complaints)).finish()
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts only
+        words = words.byteswap()
+    return b"".join((head, _MASKED_HEADER.pack(words.dtype.itemsize, words.shape[0]), words.data))  # one copy
 
 
 def upload_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any],
@@ -310,4 +313,4 @@ def upload_from_bytes(data: bytes, *, spec: VectorSpec, dtype: np.dtype[Any],
     if len(data) < head:
         raise WireError("masked upload truncated")
     complaints = _read_ids(Reader(data[:head]), owners, limit=len(owners))
-    return complaints, masked_from_bytes(data[head:], spec=spec, dtype=dtype)
+    return complaints, masked_from_bytes(memoryview(data)[head:], spec=spec, dtype=dtype)  # no copy
