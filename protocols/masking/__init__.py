@@ -56,10 +56,15 @@ al.'s bounds (see :func:`sparse_graph_parameters` and docs/protocols/masking.md)
 sum is exact when at least ``t`` holders of every needed secret survive each stage;
 otherwise the run aborts with :class:`~protocols.errors.ThresholdError`, never a wrong sum.
 
-Messages between the server and a client carry no authentication of their own beyond the
-sealed shares: like every protocol here, masking relies on the network (TLS in a
-deployment) for the integrity of what crosses it. A malformed message gets one typed
-:class:`~protocols.errors.ProtocolError` at its receiver and changes nothing there.
+By default, messages between the server and a client carry no authentication of their own
+beyond the sealed shares (revealed shares are checked against their polynomial and the
+owner's commitment): like every protocol here, masking then relies on the network (TLS in a
+deployment) for the integrity of what crosses it; with envelope authentication
+(:class:`protocols.identity.Authenticator`, ``make_sum(..., authenticate=True)``) every
+message is signed by its sender. A malformed message gets one typed
+:class:`~protocols.errors.ProtocolError` at its receiver and changes nothing there. A client
+whose sealed shares fail to open at a neighbour, or whose upload is malformed, is dropped
+with the reason (``ServerParty.excluded``); the round goes on while ``t`` survive.
 
 Modules: :mod:`.parameters` (options, degree and threshold, Bell et al.'s bounds, the
 Harary graph), :mod:`.keys` (keys and seeds), :mod:`.messages` (stages and payloads),
