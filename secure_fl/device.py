@@ -30,7 +30,8 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
         return torch.device("cpu")
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r} asked for, but this machine has no usable CUDA device")
+            raise ValueError(f"device {spec!r} asked for, but this machine has no usable CUDA device; "
+                             "use --device cpu (or auto: CUDA when present)")
         device = torch.device(name)
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) here")

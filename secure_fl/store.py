@@ -509,7 +509,7 @@ class RunStore:
     def run(self, run_id: str) -> RunRow:
         row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise StoreError(f"no run {run_id!r} in {self.path}")
+            raise StoreError(f"no run {run_id!r} in {self.path} (secure-fl runs lists the stored runs)")
         return self._run_row(row)
 
     @_store_errors

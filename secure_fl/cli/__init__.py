@@ -81,7 +81,8 @@ def configure_logging(*, verbose: int = 0, quiet: int = 0, log_file: str | None 
         try:
             file_handler = logging.FileHandler(log_file, encoding="utf-8")
         except OSError as error:
-            raise SystemExit(f"error: cannot write the log file {log_file}: {error.strerror or error}") from None
+            print(f"error: cannot write the log file {log_file}: {error.strerror or error}", file=sys.stderr)
+            raise SystemExit(2) from None
         file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         file_handler.setLevel(logging.DEBUG)
         handlers.append(file_handler)

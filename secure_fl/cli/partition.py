@@ -150,10 +150,13 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Entry point of ``secure-fl partition``; returns the process exit status."""
     from secure_fl.cli import ensure_logging
 
     ensure_logging()
-    """Entry point of ``secure-fl partition``; returns the process exit status."""
+    if args.clients < 1:
+        log.error("--clients must be >= 1, got %d", args.clients)
+        return 2
     out: TextIO = sys.stdout
     try:
         params = build_params(args)

@@ -330,8 +330,9 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         skipped = len(experiment.runs) - len(summaries)
         first = failed[0]
-        log.error("%d of %d runs failed (%s)%s; fix the cause, then continue with: %s run %s --resume %s%s",
-                  len(failed), len(experiment.runs), ", ".join(f"{s.id}: {s.error}" for s in failed),
+        log.error("%d of %d runs failed (%s: the reasons are above and in `%s runs`)%s; fix the cause, then "
+                  "continue with: %s run %s --resume %s%s", len(failed), len(experiment.runs),
+                  ", ".join(s.id for s in failed), program(),
                   f", {skipped} not started (--fail-fast)" if skipped else "", program(), args.config, first.id,
                   f" --workspace {args.workspace}" if args.workspace else "")
         return 1

@@ -97,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
             profile=args.profile, classes=args.classes, samples_per_class=args.samples_per_class,
             repeats=args.repeats, seed=args.seed, dubhe=params, per_entry_sample=args.per_entry_sample,
         )
+    except ValueError as error:  # the options themselves: a usage error
+        log.error("%s", error)
+        return 2
+    try:
         result = run_study(config)
     except (ValueError, ProtocolError) as error:
         log.error("%s", error)
