@@ -288,7 +288,10 @@ def _plot_fig10(study: _Study, participation: np.ndarray, path: Path) -> None:
         for a in range(c):
             for b in range(a + 1, c):
                 pair[a, b] = overall[book.index((a, b))]
-    ax_pair.imshow(pair, cmap="Blues")
+    image = ax_pair.imshow(pair, cmap="Blues")
+    fig.colorbar(image, ax=ax_pair, fraction=0.04, pad=0.02, label="clients")
+    ax_pair.set_xlabel("class b", fontsize=8)
+    ax_pair.set_ylabel("class a", fontsize=8)
     for a in range(c):
         for b in range(a + 1, c):
             if not np.isnan(pair[a, b]):
