@@ -30,7 +30,6 @@ from typing import Final
 from .encoding import VectorSpec
 from .errors import CiphertextError
 from .primitives import bfv as raw
-from .primitives.seal import RINGS
 from .seal_messages import Stage
 from .seal_sum import (
     ClientKeys,
@@ -75,19 +74,7 @@ class BfvOptions(SealOptions):
     parameters: raw.BfvParameters | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        self._check_common()
-        bits = self.coeff_mod_bit_sizes
-        if bits is not None:
-            bits = tuple(bits)
-            object.__setattr__(self, "coeff_mod_bit_sizes", bits)
-        if (bits is None) != (self.plain_modulus is None) or (bits is not None and self.poly_modulus_degree is None):
-            raise ValueError("fixed BFV parameters need poly_modulus_degree, coeff_mod_bit_sizes and plain_modulus "
-                             "together; give none (or only poly_modulus_degree) to derive them from each sum")
-        if bits is not None and self.poly_modulus_degree is not None and self.plain_modulus is not None:
-            object.__setattr__(self, "parameters",
-                               raw.BfvParameters(self.poly_modulus_degree, bits, self.plain_modulus))
-        elif self.poly_modulus_degree is not None and self.poly_modulus_degree not in RINGS:
-            raise ValueError(f"poly_modulus_degree must be one of {list(RINGS)}, got {self.poly_modulus_degree!r}")
+        self._fix_parameters("BFV", "plain_modulus", raw.BfvParameters)
 
     @property
     def fixed(self) -> raw.BfvParameters | None:

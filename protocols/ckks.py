@@ -36,7 +36,6 @@ import numpy as np
 from .encoding import VectorSpec
 from .errors import CiphertextError
 from .primitives import ckks as raw
-from .primitives.seal import RINGS
 from .seal_messages import Stage
 from .seal_sum import (
     ClientKeys,
@@ -87,19 +86,7 @@ class CkksOptions(SealOptions):
     parameters: raw.CkksParameters | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        self._check_common()
-        bits = self.coeff_mod_bit_sizes
-        if bits is not None:
-            bits = tuple(bits)
-            object.__setattr__(self, "coeff_mod_bit_sizes", bits)
-        if (bits is None) != (self.scale_bits is None) or (bits is not None and self.poly_modulus_degree is None):
-            raise ValueError("fixed CKKS parameters need poly_modulus_degree, coeff_mod_bit_sizes and scale_bits "
-                             "together; give none (or only poly_modulus_degree) to derive them from each sum")
-        if bits is not None and self.poly_modulus_degree is not None and self.scale_bits is not None:
-            object.__setattr__(self, "parameters",
-                               raw.CkksParameters(self.poly_modulus_degree, bits, self.scale_bits))
-        elif self.poly_modulus_degree is not None and self.poly_modulus_degree not in RINGS:
-            raise ValueError(f"poly_modulus_degree must be one of {list(RINGS)}, got {self.poly_modulus_degree!r}")
+        self._fix_parameters("CKKS", "scale_bits", raw.CkksParameters)
 
     @property
     def fixed(self) -> raw.CkksParameters | None:

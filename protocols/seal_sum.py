@@ -122,12 +122,31 @@ class SealOptions:
 
     keyholder: Keyholder
     symmetric: bool
+    poly_modulus_degree: int | None
+    coeff_mod_bit_sizes: tuple[int, ...] | None
 
     def _check_common(self) -> None:
         if self.keyholder not in KEYHOLDERS:
             raise ValueError(f"keyholder must be 'agent' or 'all', got {self.keyholder!r}")
         if not isinstance(self.symmetric, bool):
             raise TypeError(f"symmetric must be true or false, got {self.symmetric!r}")
+
+    def _fix_parameters(self, scheme: str, extra: str, make: Callable[[int, tuple[int, ...], Any], Any]) -> None:
+        """Set ``parameters`` when the ring, the modulus chain and the scheme's ``extra`` field are
+        all given (one fixed set); refuse a partial set or an unknown ring; else each sum derives its own."""
+        self._check_common()
+        bits = self.coeff_mod_bit_sizes
+        if bits is not None:
+            bits = tuple(bits)
+            object.__setattr__(self, "coeff_mod_bit_sizes", bits)
+        value = getattr(self, extra)
+        if (bits is None) != (value is None) or (bits is not None and self.poly_modulus_degree is None):
+            raise ValueError(f"fixed {scheme} parameters need poly_modulus_degree, coeff_mod_bit_sizes and {extra} "
+                             "together; give none (or only poly_modulus_degree) to derive them from each sum")
+        if bits is not None and self.poly_modulus_degree is not None:
+            object.__setattr__(self, "parameters", make(self.poly_modulus_degree, bits, value))
+        elif self.poly_modulus_degree is not None and self.poly_modulus_degree not in raw.RINGS:
+            raise ValueError(f"poly_modulus_degree must be one of {list(raw.RINGS)}, got {self.poly_modulus_degree!r}")
 
     @property
     def all_symmetric(self) -> bool:
