@@ -13,7 +13,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[fl,dev]'
+	$(BIN)/pip install --quiet -e '.[fl,dev,flower]'
 	touch $(STAMP)
 
 venv: $(STAMP)
