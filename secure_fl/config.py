@@ -13,6 +13,8 @@ The schema is documented in docs/runtime.md. In short, a file holds one base run
                 [secure.statistics] per-statistic protocol, [secure.<protocol>] its options
     [privacy]   optional: delta, [privacy.dp_sgd] DP-SGD for local training,
                 [privacy.statistics] distributed DP per statistic name (or ``default``)
+    [runtime]   optional: engine ("embedded" | "flower-simulation" | "flower"), clients
+                ("vectorised" | "loop"), stage_timeout (seconds a distributed stage waits)
 
 and optionally ``[[runs]]`` (tables merged over the base, one run each) and ``[sweep]``
 (dotted key → list of values; the cartesian product of all lists is taken for every run).
@@ -46,6 +48,7 @@ __all__ = [
     "ModelConfig",
     "PrivacyConfig",
     "RunConfig",
+    "RuntimeConfig",
     "SecureConfig",
     "TrainConfig",
     "declared_statistics",
@@ -309,6 +312,43 @@ class PrivacyConfig:
         return out
 
 
+ENGINES = ("embedded", "flower-simulation", "flower")
+CLIENT_PATHS = ("vectorised", "loop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """``[runtime]``: where the parties run and how a process trains its clients.
+
+    None of it changes what a run computes (same config and seed → same metrics on every
+    engine and client path). Only a non-embedded ``engine`` enters the run's identity
+    (:meth:`RunConfig.to_dict`), so that the same config run on two engines is two stored runs
+    to compare; the client path and the timeout never do.
+    ``engine``: ``embedded`` (one process, in-process network), ``flower-simulation`` (Flower's
+    Ray simulation engine), ``flower`` (a running SuperLink; ``secure-fl deploy``).
+    ``clients``: ``vectorised`` trains the clients of one process together where the model and
+    objective allow it, ``loop`` one after another. ``stage_timeout``: seconds a distributed
+    engine waits for one protocol stage's replies before counting the silent parties as dropouts.
+    """
+
+    engine: str = "embedded"
+    clients: str = "vectorised"
+    stage_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        _check(self.engine in ENGINES, "engine",
+               f"unknown engine {self.engine!r}{did_you_mean(self.engine, ENGINES)}; known: {', '.join(ENGINES)}")
+        _check(self.clients in CLIENT_PATHS, "clients",
+               f"unknown client path {self.clients!r}{did_you_mean(self.clients, CLIENT_PATHS)}; "
+               f"known: {', '.join(CLIENT_PATHS)}")
+        _check(math.isfinite(self.stage_timeout) and self.stage_timeout > 0, "stage_timeout",
+               f"must be positive seconds, got {self.stage_timeout}")
+
+    def identity(self) -> dict[str, Any]:
+        """What of this section is part of the run's identity (empty on the embedded engine)."""
+        return {} if self.engine == "embedded" else {"engine": self.engine}
+
+
 @dataclass(frozen=True)
 class ComponentConfig:
     """A registry name and its parameters (method, loss, selection)."""
@@ -336,6 +376,7 @@ class RunConfig:
     tail_rounds: int = 5
     label: str = ""
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     @property
     def data_seed(self) -> int:
@@ -354,6 +395,7 @@ class RunConfig:
             "selection": self.selection.to_dict(),
             "secure": _secure_dict(self.secure),
             **({"privacy": self.privacy.to_dict()} if self.privacy.enabled else {}),
+            **({"runtime": self.runtime.identity()} if self.runtime.identity() else {}),
         }
 
     def to_json(self) -> str:
@@ -376,7 +418,7 @@ class ExperimentConfig:
 # --- loading --------------------------------------------------------------------------------
 
 TOP_LEVEL = ("name", "seed", "tail_rounds", "data", "model", "train", "method", "loss", "selection",
-             "secure", "privacy", "sweep", "runs")
+             "secure", "privacy", "runtime", "sweep", "runs")
 COMPONENT_DEFAULTS = {"method": "fedavg", "loss": "ce", "selection": "random"}
 
 
@@ -691,11 +733,13 @@ def _build_run(raw: dict[str, Any], *, source: str, label: str) -> RunConfig:
                           f"data.num_clients = {data.num_clients}")
     secure = _secure_section(raw.get("secure", {}), source)
     privacy = _privacy_section(raw.get("privacy", {}), source)
+    runtime = _section(RuntimeConfig, raw.get("runtime", {}), "runtime", source)
     method = _component("method", raw, source)
     loss = _component("loss", raw, source)
     selection = _component("selection", raw, source)
     return RunConfig(name=name, seed=seed, data=data, model=model, train=train, method=method, loss=loss,
-                     selection=selection, secure=secure, tail_rounds=tail, label=label, privacy=privacy)
+                     selection=selection, secure=secure, tail_rounds=tail, label=label, privacy=privacy,
+                     runtime=runtime)
 
 
 def _component(kind: str, raw: Mapping[str, Any], source: str) -> ComponentConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,48 @@ def test_bfv_is_a_protocol_configs_can_pick_per_statistic() -> None:
     assert run.secure.options == {"bfv": {"keyholder": "all"}, "ckks": {"poly_modulus_degree": 8192}}
     assert "secure.bfv" in error(BASE + '[secure.bfv]\nplain_modulus = 65537\n')  # a half-fixed parameter set
     assert "secure.bfv.ring" in error(BASE + '[secure.bfv]\nring = 4096\n')
+
+
+# --- [runtime] ------------------------------------------------------------------------------
+
+_RUNTIME_BASE = """
+[data]
+dataset = "digits"
+num_clients = 4
+partition = "dirichlet"
+partition_params = { alpha = 0.5 }
+[train]
+rounds = 1
+clients_per_round = 2
+"""
+
+
+def test_runtime_defaults_stay_out_of_the_run_identity() -> None:
+    from secure_fl.config import RuntimeConfig, parse_config
+
+    run = parse_config(_RUNTIME_BASE).runs[0]
+    assert run.runtime == RuntimeConfig()
+    assert "runtime" not in run.to_dict()
+    looped = parse_config(_RUNTIME_BASE + '[runtime]\nclients = "loop"\nstage_timeout = 5\n').runs[0]
+    assert looped.to_dict() == run.to_dict()  # the client path and timeout never change what is computed
+
+
+def test_runtime_engine_enters_the_identity_and_round_trips() -> None:
+    from secure_fl.config import RunConfig, parse_config
+
+    run = parse_config(_RUNTIME_BASE + '[runtime]\nengine = "flower-simulation"\n').runs[0]
+    assert run.to_dict()["runtime"] == {"engine": "flower-simulation"}
+    assert RunConfig.from_dict(run.to_dict()).runtime.engine == "flower-simulation"
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('engine = "flowr"', "runtime.engine: unknown engine 'flowr' (did you mean 'flower'?)"),
+    ('clients = "vec"', "runtime.clients: unknown client path 'vec'"),
+    ("stage_timeout = 0", "runtime.stage_timeout: must be positive seconds"),
+    ("workers = 2", "unknown key 'runtime.workers'"),
+])
+def test_runtime_bad_values_are_config_errors(line: str, message: str) -> None:
+    from secure_fl.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(_RUNTIME_BASE + "[runtime]\n" + line + "\n")
