@@ -20,6 +20,10 @@ Prints one JSON object ``{"case", "ours", "peer", "ratio", "unit", "detail"}`` w
     serialised the usual way (``CKKSVector.serialize()``, one real per slot).
 ``simulation``
     One FedAvg round vs one centralised epoch (runs bench/simulation.py).
+``flower-secagg``
+    Our masking through Flower vs Flower's own ``SecAggPlusWorkflow`` on the same SuperLink and
+    SuperNodes, same n and d: seconds and bytes per round (runs bench/flower_secagg.py; its
+    options after the case name, see ``bench/flower_secagg.py --help``).
 
 Exit status: 0 on success (or a skip, reported as ``{"case", "skipped"}``), 2 when a case
 cannot run here (unknown case, missing script).
@@ -41,7 +45,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CASES = ("paillier-registry", "masking-bound", "masking-flower", "ckks-bytes", "simulation")
+CASES = ("paillier-registry", "masking-bound", "masking-flower", "ckks-bytes", "simulation", "flower-secagg")
+SCRIPTS = {"simulation": "simulation.py", "flower-secagg": "flower_secagg.py"}
+"""Cases run as their own script (its options follow the case name)."""
 
 
 def result(case: str, ours: float, peer: float, unit: str, **detail: Any) -> dict[str, Any]:
@@ -237,9 +243,9 @@ def ckks_bytes(args: argparse.Namespace) -> dict[str, Any]:
 # --- simulation -------------------------------------------------------------------------------
 
 def simulation(args: argparse.Namespace, rest: list[str]) -> dict[str, Any] | int:
-    script = HERE / "simulation.py"
+    script = HERE / SCRIPTS[args.case]
     if not script.exists():
-        print(f"error: {script} does not exist yet (the runtime's simulation benchmark)", file=sys.stderr)
+        print(f"error: {script} does not exist yet", file=sys.stderr)
         return 2
     env = dict(os.environ)
     root = str(HERE.parent)
@@ -257,7 +263,7 @@ def simulation(args: argparse.Namespace, rest: list[str]) -> dict[str, Any] | in
         print(f"error: {script.name} printed no result object", file=sys.stderr)
         return 1
     data.setdefault("ratio", data["ours"] / data["peer"])
-    data["case"] = "simulation"
+    data["case"] = args.case
     return data
 
 
@@ -274,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="ckks-bytes: fix the polynomial modulus degree (default: derived from the sum)")
     parser.add_argument("--sample", type=int, default=5, help="timed repetitions / clients")
     args, rest = parser.parse_known_args(argv)
-    if rest and args.case != "simulation":
+    if rest and args.case not in SCRIPTS:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
-    if args.case == "simulation":
+    if args.case in SCRIPTS:
         out: dict[str, Any] | int = simulation(args, rest)
     else:
         out = {"paillier-registry": paillier_registry, "masking-bound": masking_bound,
