@@ -20,6 +20,7 @@ import warnings
 from typing import Any
 
 from protocols import PROTOCOLS, ProtocolError, descriptor
+from secure_fl.cli.keys import add_key_options, key_bits_problem
 
 __all__ = ["register", "run"]
 
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--protocol", choices=list(PROTOCOLS), default="plain",
                    help="secure-sum protocol carrying the noisy vectors (default plain, the fastest; "
                         "with paillier lower --trials: every trial is C × N encrypted entries)")
-    p.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus size (default 2048)")
+    add_key_options(p)
     p.add_argument("--count-bound", type=int, default=64,
                    help="per-client count cap per class (the declaration's bound; default 64)")
     p.add_argument("--batch", type=int, default=1000,
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _protocol_options(args: argparse.Namespace) -> dict[str, Any]:
-    return descriptor(args.protocol).applicable(key_bits=args.key_bits, allow_weak_keys=args.key_bits < 2048)
+    return descriptor(args.protocol).applicable(key_bits=args.key_bits, allow_weak_keys=args.insecure_test_keys)
 
 
 def _print_table(result: dict[str, Any]) -> None:
@@ -100,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.classes < 1 or args.clients < 1 or args.trials < 20 or args.batch < 1 or args.count_bound < 1:
         log.error("--classes, --clients, --batch, --count-bound must be >= 1 and --trials >= 20")
+        return 2
+    problem = key_bits_problem(args, uses_paillier=args.protocol == "paillier")
+    if problem is not None:
+        log.error("%s", problem)
         return 2
     secure = args.seed is None
     if not secure:

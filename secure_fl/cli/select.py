@@ -16,6 +16,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from secure_fl.cli.keys import add_key_options, key_bits_problem
+
 log = logging.getLogger("secure_fl.cli")
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -56,7 +58,7 @@ def register(sub: Any) -> None:
                    help="search one sigma at a time (default) or the whole grid at once")
     p.add_argument("--protocol", choices=["paillier", "plain"], default="paillier",
                    help="Dubhe's sums: packed Paillier (default) or an insecure in-the-clear simulation")
-    p.add_argument("--key-bits", type=int, default=2048, help="Paillier modulus size (default 2048)")
+    add_key_options(p)
     p.add_argument("--uploads", choices=["registration", "round"], default="registration",
                    help="encrypted label counts: once per registration (default) or fresh every round")
     p.add_argument("--per-entry-sample", type=int, default=0, metavar="M",
@@ -86,11 +88,15 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(summary, indent=1) if args.json else summary.get("report", ""))
         return 0
+    problem = key_bits_problem(args, uses_paillier=args.protocol == "paillier" and args.strategy == "dubhe")
+    if problem is not None:
+        log.error("%s", problem)
+        return 2
     try:
         params = DubheParams(
             reference_set=args.reference_set, sigma=args.sigma, tries=args.tries, search_grid=args.search_grid,
             search_tries=args.search_tries, search=args.search, protocol=args.protocol, key_bits=args.key_bits,
-            allow_weak_keys=args.key_bits < 2048, uploads=args.uploads,
+            allow_weak_keys=args.insecure_test_keys, uploads=args.uploads,
         )
         config = StudyConfig(
             strategy=args.strategy, clients=args.clients, per_round=args.per_round, rho=args.rho, emd=args.emd,

@@ -32,6 +32,7 @@ from protocols import (
     descriptor,
 )
 from protocols.faults import Tamper, TamperingNetwork, applies, equivocate
+from secure_fl.cli.keys import add_key_options, key_bits_problem
 
 
 def register(sub: Any) -> None:
@@ -41,10 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
     p.add_argument("--length", type=int, default=56, help="vector length (default 56)")
     p.add_argument("--bound", type=int, default=1, help="inputs are integers in [0, BOUND] (default 1)")
-    p.add_argument("--key-bits", type=int, default=2048,
-                   help="Paillier modulus size (default 2048; below 2048 only with --insecure-test-keys)")
-    p.add_argument("--insecure-test-keys", action="store_true",
-                   help="allow Paillier keys below 2048 bits (tests and demos only: they are breakable)")
+    add_key_options(p)
     p.add_argument("--keyholder", choices=["agent", "all", "server"], default="agent",
                    help="who holds the HE secret key (default: an agent client)")
     p.add_argument("--dropout", type=float, default=0.0, metavar="FRACTION",
@@ -64,10 +62,6 @@ def register(sub: Any) -> None:
                         "server, about client PARTY); implies --authenticate")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
-
-
-MIN_KEY_BITS = 2048
-"""Paillier keys below this are refused unless ``--insecure-test-keys`` says they are for a test."""
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,9 +111,9 @@ def _check(args: argparse.Namespace) -> Tamper | None:
     if not 0.0 <= args.dropout < 1.0:
         raise UsageError("--dropout must be in [0, 1)")
     d = descriptor(args.protocol)
-    if d.name == "paillier" and args.key_bits < MIN_KEY_BITS and not args.insecure_test_keys:
-        raise UsageError(f"--key-bits {args.key_bits} is below {MIN_KEY_BITS}: such keys are breakable; pass "
-                         "--insecure-test-keys if this is a test")
+    problem = key_bits_problem(args, uses_paillier=d.name == "paillier")
+    if problem is not None:
+        raise UsageError(problem)
     if args.dropout_stage not in d.stages.values():
         raise UsageError(f"--dropout-stage {args.dropout_stage!r} is not a stage of {d.name} "
                          f"({', '.join(sorted(set(d.stages.values())))})")

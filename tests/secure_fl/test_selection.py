@@ -308,7 +308,7 @@ def test_cli_json_plain(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_json_paillier(capsys: pytest.CaptureFixture[str]) -> None:
     args = _cli("--strategy", "dubhe", "--clients", "40", "--per-round", "8", "--samples-per-class", "300",
                 "--tries", "2", "--repeats", "3", "--sigma", "0.7,0.1", "--key-bits", "1024",
-                "--per-entry-sample", "1", "--json")
+                "--insecure-test-keys", "--per-entry-sample", "1", "--json")
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bytes"]["registration_total"] > 0 and out["seconds"]["registration"] > 0
