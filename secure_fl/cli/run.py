@@ -65,7 +65,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                              "secure.protocol=paillier (VALUE is read as TOML, else as a string; repeatable)")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop the batch at the first failed run (default: go on with the next run)")
+    parser.add_argument("--engine", choices=ENGINE_CHOICES,
+                        help="where the parties run, overriding [runtime] engine: embedded (one process), "
+                             "flower-simulation (Flower's Ray simulation engine); flower runs through "
+                             "secure-fl deploy")
     parser.set_defaults(func=run)
+
+
+ENGINE_CHOICES = ("embedded", "flower-simulation", "flower")
+
+
+def executor(engine: str) -> Any:
+    """How ``secure-fl run`` executes a run of ``engine`` (a registry: engine name → runner)."""
+    from secure_fl.runtime import execute_run
+
+    def simulation() -> Any:
+        from secure_fl.flower.simulation import simulation_executor
+
+        return simulation_executor()
+
+    engines = {"embedded": lambda: execute_run, "flower-simulation": simulation}
+    if engine not in engines:
+        raise ValueError(f"engine {engine!r} runs through a SuperLink: use `secure-fl deploy local CONFIG` "
+                         "(docs/deployment.md)")
+    return engines[engine]()
+
+
+def _dispatch(store: Any, run_id: str, config: Any, **options: Any) -> Any:
+    return executor(config.runtime.engine)(store, run_id, config, **options)
+
+
+def engine_fields(store: Any, summary: Any) -> dict[str, Any]:
+    """The run's engine and the clients that dropped out (round, client), for ``--json``."""
+    config = store.run(summary.id).config
+    runtime = config.get("runtime") if isinstance(config, dict) else None
+    engine = runtime.get("engine", "embedded") if isinstance(runtime, dict) else "embedded"
+    prefix = "net.dropout."
+    dropouts = [{"round": row.round, "client": int(name[len(prefix):])}
+                for row in summary.history for name in sorted(row.metrics, key=lambda n: (len(n), n))
+                if name.startswith(prefix) and name[len(prefix):].isdigit()]
+    return {"engine": engine, "dropouts": dropouts}
 
 
 def format_value(value: Any, spec: str = ".4f") -> str:
@@ -113,7 +152,12 @@ def _extra_columns(history: Sequence[Any]) -> tuple[list[str], list[Any]]:
     for name in [s for s in scopes if s not in (MODEL, RUN)] + ([RUN] if RUN in scopes else []):
         headers.append(f"ε {name}" if name != RUN else "ε run")
         cells.append(lambda r, n=name: _epsilon(r.privacy[n].epsilon) if n in r.privacy else "-")
-    for name in sorted({name for r in history for name in getattr(r, "metrics", {})}):
+    names = {name for r in history for name in getattr(r, "metrics", {})}
+    for name, header in (("net.round_trips", "round trips"), ("net.dropouts", "dropouts")):
+        if name in names:  # a distributed engine's network: two columns, the rest in the store and JSON
+            headers.append(header)
+            cells.append(lambda r, n=name: format_value(r.metrics.get(n), ".0f"))
+    for name in sorted(n for n in names if not n.startswith("net.")):
         headers.append(name)
         cells.append(lambda r, n=name: format_value(r.metrics.get(n), ".4g"))
     return headers, cells
@@ -288,7 +332,10 @@ def run(args: argparse.Namespace) -> int:
     from secure_fl.store import RunStore, StoreError
 
     try:
-        experiment = load_config(args.config, overrides=args.set)
+        if args.engine == "flower":
+            executor("flower")  # says where that engine runs
+        overrides = [*args.set, ("runtime.engine", args.engine)] if args.engine else args.set
+        experiment = load_config(args.config, overrides=overrides)
         from secure_fl.device import configure_threads, resolve_device
 
         device = resolve_device(args.device)
@@ -304,7 +351,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with store:
             summaries = run_experiment(experiment, store, device=device, resume=args.resume, observer=progress,
-                                       on_failure="stop" if args.fail_fast else "continue")
+                                       on_failure="stop" if args.fail_fast else "continue", executor=_dispatch)
+            extras = {s.id: engine_fields(store, s) for s in summaries}
     except StoreError as error:
         progress.close()
         log.error("%s", error)
@@ -318,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     failed = [s for s in summaries if s.status == "failed"]
     if args.json:
-        json.dump({"runs": [s.as_json() for s in summaries]}, sys.stdout, allow_nan=False)
+        json.dump({"runs": [{**s.as_json(), **extras[s.id]} for s in summaries]}, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
     else:
         for summary in summaries:

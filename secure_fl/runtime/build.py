@@ -27,10 +27,13 @@ from secure_fl.data import PARTITIONERS, Dataset, keep_minority, load_dataset
 from secure_fl.losses import make_loss
 from secure_fl.models import build_model
 from secure_fl.runtime.messages import run_digest
+from secure_fl.runtime.mitigation import mitigated_selection, release_policy, run_privacy
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.simulation import Simulation
 from secure_fl.selection import make_selection
+from secure_fl.selection.strategy import SelectionStrategy
 from secure_fl.stats import StatisticsPlan, StatisticsPrivacy, UpdateSettings
+from secure_fl.stats.noise import DEFAULT_STATISTIC
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGDConfig
@@ -39,8 +42,10 @@ __all__ = [
     "build_simulation",
     "client_data",
     "dp_sgd_config",
+    "initial_model",
     "local_training",
     "prepare_partition",
+    "statistics_plan",
     "stratified_subset",
 ]
 
@@ -161,6 +166,27 @@ def load_run_dataset(config: RunConfig) -> Dataset:
     return dataset
 
 
+def initial_model(config: RunConfig, dataset: Dataset, *, device: torch.device) -> torch.nn.Module:
+    """The run's initial global model, drawn from the run seed (every engine and party builds the same)."""
+    with Seeds(config.seed).torch_global("init"):
+        model = build_model(config.model.name, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
+                            **config.model.options)
+    return model.to(device)
+
+
+def statistics_plan(config: RunConfig, selection: SelectionStrategy, *, dimension: int,
+                    privacy: StatisticsPrivacy | None) -> StatisticsPlan:
+    """The run's statistics plan: public, the same at the server and at every client."""
+    secure = config.secure
+    updates = UpdateSettings(dimension=dimension, protocol=secure.update_protocol,
+                             clip=secure.update_clip, frac_bits=secure.update_frac_bits)
+    return StatisticsPlan(
+        clients=tuple(range(config.data.num_clients)), protocol=secure.protocol,
+        overrides={**selection.protocols, **secure.statistics}, options=secure.protocol_options(),
+        privacy=privacy, updates=updates, policy=release_policy(config, selection),
+    )
+
+
 def build_simulation(
     config: RunConfig, *, device: torch.device, dataset: Dataset | None = None
 ) -> Simulation:
@@ -169,13 +195,9 @@ def build_simulation(
     _, indices = prepare_partition(config, dataset)
     clients = client_data(dataset, indices, device=device)
     seeds = Seeds(config.seed)
-    with seeds.torch_global("init"):
-        model = build_model(config.model.name, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
-                            **config.model.options)
-    model.to(device)
+    model = initial_model(config, dataset, device=device)
     privacy = config.privacy
-    noised = StatisticsPrivacy(statistics=privacy.statistics, rounds=config.train.rounds, seed=config.seed) \
-        if privacy.statistics else None
+    noised = run_privacy(config)
     dp_sgd = dp_sgd_config(config, clients)
     if dp_sgd is not None:
         from secure_fl.privacy.dpsgd import DPSGD
@@ -185,14 +207,8 @@ def build_simulation(
         except ValueError as error:
             raise ConfigError(f"privacy.dp_sgd: model {config.model.name!r}: {error}") from None
     selection = make_selection(config.selection.name, config.selection.params)
-    secure = config.secure
-    updates = UpdateSettings(dimension=FlatLayout(model).dimension, protocol=secure.update_protocol,
-                             clip=secure.update_clip, frac_bits=secure.update_frac_bits)
-    plan = StatisticsPlan(
-        clients=tuple(range(config.data.num_clients)), protocol=secure.protocol,
-        overrides={**selection.protocols, **secure.statistics}, options=secure.protocol_options(),
-        privacy=noised, updates=updates,
-    )
+    plan = statistics_plan(config, selection, dimension=FlatLayout(model).dimension, privacy=noised)
+    selection = mitigated_selection(selection, plan.policy)
     return Simulation(
         clients=clients,
         x_test=torch.from_numpy(dataset.x_test).to(device),
@@ -212,6 +228,7 @@ def build_simulation(
         minority_classes=config.data.minority_classes,
         eval_batch_size=config.train.eval_batch_size,
         dp_sgd=dp_sgd,
-        privacy_delta=privacy.reporting_delta if privacy.enabled else None,
+        privacy_delta=privacy.reporting_delta if privacy.enabled else (
+            noised.statistics[DEFAULT_STATISTIC].delta if noised is not None else None),
         holdout=held_out(dataset, indices),
     )

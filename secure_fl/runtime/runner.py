@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -25,8 +25,8 @@ from secure_fl.data import Dataset
 from secure_fl.runtime.build import build_simulation, load_run_dataset
 from secure_fl.store import ReleaseRow, RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
 
-__all__ = ["CLIP_WARNING", "RunObserver", "RunSummary", "describe_error", "execute_run", "run_experiment",
-           "summarize"]
+__all__ = ["CLIP_WARNING", "Executor", "Harness", "RunObserver", "RunSummary", "describe_error", "describe_run",
+           "execute_run", "run_experiment", "summarize"]
 
 log = logging.getLogger("secure_fl.run")
 
@@ -45,6 +45,12 @@ class RunObserver(Protocol):
 
     def run_finished(self, run: RunRow, summary: RunSummary) -> None: ...
 
+
+Harness = Callable[[RunConfig, torch.device, Dataset], Any]
+"""Builds what plays a run's rounds for the runner (the embedded Simulation, or a distributed engine's server)."""
+
+Executor = Callable[..., "RunSummary"]
+"""Runs one stored run (:func:`execute_run`'s signature); an engine that runs elsewhere passes its own."""
 
 METRIC_KEYS = ("accuracy", "minority_accuracy", "auc", "per_class_accuracy")
 
@@ -276,8 +282,13 @@ def execute_run(
     observer: RunObserver | None = None,
     position: int = 0,
     total: int = 1,
+    harness: Harness | None = None,
 ) -> RunSummary:
     """Run (or continue) one stored run to its last round.
+
+    ``harness`` builds what plays the rounds (default: the embedded engine's
+    :func:`~secure_fl.runtime.build.build_simulation`); a distributed engine passes the server's
+    side of its run (:class:`secure_fl.flower.server.FlowerServer`).
 
     A run that raises — while it is built or in any round, Ctrl-C included — is marked ``failed`` in
     the store with the reason (:func:`describe_error`) before the error propagates; its stored
@@ -286,7 +297,7 @@ def execute_run(
     run = store.run(run_id)
     try:
         _execute(store, run, config, device=device, dataset=dataset, observer=observer, position=position,
-                 total=total)
+                 total=total, harness=harness or _embedded)
     except BaseException as error:
         try:
             store.set_status(run_id, "failed", error=describe_error(error))
@@ -301,11 +312,11 @@ def execute_run(
 
 
 def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.device, dataset: Dataset | None,
-             observer: RunObserver | None, position: int, total: int) -> None:
+             observer: RunObserver | None, position: int, total: int, harness: Harness) -> None:
     run_id = run.id
     if dataset is None:
         dataset = load_run_dataset(config)
-    sim = build_simulation(config, device=device, dataset=dataset)
+    sim = harness(config, device, dataset)
     checkpoint = store.checkpoint(run_id)
     if checkpoint is not None:
         if checkpoint.round + 1 != run.rounds_done:
@@ -347,6 +358,10 @@ def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.d
             observer.round_finished(run, row)
         if not warned:
             warned = _warn_clipping(run, config, history, declared)
+
+
+def _embedded(config: RunConfig, device: torch.device, dataset: Dataset) -> Any:
+    return build_simulation(config, device=device, dataset=dataset)
 
 
 def _stage_bytes(sim: Any, round: int) -> dict[str, dict[str, int]]:
@@ -394,6 +409,11 @@ def _declarations(sim: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def describe_run(config: RunConfig) -> dict[str, Any]:
+    """A run as :meth:`RunStore.create_batch` registers it."""
+    return _describe(config)
+
+
 def _describe(config: RunConfig) -> dict[str, Any]:
     return {
         "name": config.name, "label": config.label, "config": config.to_dict(), "method": config.method.name,
@@ -418,6 +438,7 @@ def run_experiment(
     resume: str | None = None,
     observer: RunObserver | None = None,
     on_failure: Literal["raise", "continue", "stop"] = "raise",
+    executor: Executor | None = None,
 ) -> list[RunSummary]:
     """Execute the experiment's runs in turn; with ``resume``, continue that run's batch.
 
@@ -457,8 +478,8 @@ def run_experiment(
                 except BaseException as error:
                     store.set_status(row.id, "failed", error=describe_error(error))
                     raise
-            summaries.append(execute_run(store, row.id, config, device=device, dataset=datasets[key],
-                                         observer=observer, position=position, total=len(rows)))
+            summaries.append((executor or execute_run)(store, row.id, config, device=device, dataset=datasets[key],
+                                                       observer=observer, position=position, total=len(rows)))
         except Exception as error:
             if on_failure == "raise":
                 raise
