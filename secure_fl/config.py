@@ -15,6 +15,8 @@ The schema is documented in docs/runtime.md. In short, a file holds one base run
                 [privacy.statistics] distributed DP per statistic name (or ``default``)
     [runtime]   optional: engine ("embedded" | "flower-simulation" | "flower"), clients
                 ("vectorised" | "loop"), stage_timeout (seconds a distributed stage waits)
+    [mitigation] optional: name ("none" | "guard" | "cohorts" | "dp") and its parameters —
+                what stops multi-round disaggregation (docs/audit.md, "Mitigations")
 
 and optionally ``[[runs]]`` (tables merged over the base, one run each) and ``[sweep]``
 (dotted key → list of values; the cartesian product of all lists is taken for every run).
@@ -45,6 +47,8 @@ __all__ = [
     "DPSGDSettings",
     "DataConfig",
     "ExperimentConfig",
+    "MITIGATIONS",
+    "MitigationConfig",
     "ModelConfig",
     "PrivacyConfig",
     "RunConfig",
@@ -349,6 +353,105 @@ class RuntimeConfig:
         return {} if self.engine == "embedded" else {"engine": self.engine}
 
 
+# --- mitigations against multi-round disaggregation (issue 25) ------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class NoMitigation:
+    """``name = "none"``: releases as the method and the selection make them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardMitigation:
+    """``name = "guard"``: every client refuses a release that would put any set of fewer than
+    ``k`` clients in the span of the participation vectors of that statistic's releases so far
+    (the rule: docs/audit.md, "Cohort guard"); the server's selection follows the same public rule."""
+
+    k: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.k >= 2, "k", f"must be >= 2 (k = 1 protects nothing), got {self.k}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CohortMitigation:
+    """``name = "cohorts"``: clients grouped once (seeded by the run seed, public) into cohorts
+    of at least ``size``; selection and every secure sum take whole cohorts."""
+
+    size: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.size >= 2, "size", f"must be >= 2 (a cohort of one is a client), got {self.size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPMitigation:
+    """``name = "dp"``: client-level distributed DP on every release, model updates included.
+
+    ``epsilon``/``delta``: each noised statistic's budget over the run (the run's composed ε
+    per client is reported by the accountant); ``update_l2``: the L2 bound every client clips
+    its (scaled) model update to before noising — the sensitivity of one client's update.
+    ``secure_mode = false`` (tests, audits) draws the noise from the run seed.
+    """
+
+    epsilon: float = 8.0
+    delta: float = 1e-5
+    update_l2: float = 0.05
+    secure_mode: bool = True
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.epsilon) and self.epsilon > 0, "epsilon", f"must be finite and > 0, got {self.epsilon}")
+        _check(0 < self.delta < 1, "delta", f"must lie in (0, 1), got {self.delta}")
+        _check(math.isfinite(self.update_l2) and self.update_l2 > 0, "update_l2",
+               f"must be finite and > 0, got {self.update_l2}")
+
+
+MITIGATIONS: dict[str, type[Any]] = {
+    "none": NoMitigation,
+    "guard": GuardMitigation,
+    "cohorts": CohortMitigation,
+    "dp": DPMitigation,
+}
+"""``[mitigation] name`` → its frozen parameters class (the fields are the table's other keys)."""
+
+
+@dataclass(frozen=True)
+class MitigationConfig:
+    """``[mitigation]``: a name from :data:`MITIGATIONS` and its parameters."""
+
+    name: str = "none"
+    params: Any = field(default_factory=NoMitigation)
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **_plain(self.params)}
+
+
+def _mitigation_section(table: Any, source: str) -> MitigationConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: 'mitigation' must be a table with 'name' and its parameters")
+    params = dict(table)
+    name = params.pop("name", "none")
+    if not isinstance(name, str) or name not in MITIGATIONS:
+        raise ConfigError(f"{source}: mitigation.name: unknown mitigation {name!r}"
+                          f"{did_you_mean(str(name), MITIGATIONS)}; known: {', '.join(MITIGATIONS)}")
+    return MitigationConfig(name=name, params=_section(MITIGATIONS[name], params, "mitigation", source))
+
+
+def _check_mitigation(mitigation: MitigationConfig, data: DataConfig, privacy: PrivacyConfig, source: str) -> None:
+    """What a mitigation needs of the rest of the run."""
+    p = mitigation.params
+    if isinstance(p, GuardMitigation) and p.k > data.num_clients:
+        raise ConfigError(f"{source}: mitigation.k = {p.k} exceeds data.num_clients = {data.num_clients}")
+    if isinstance(p, CohortMitigation) and p.size > data.num_clients:
+        raise ConfigError(f"{source}: mitigation.size = {p.size} exceeds data.num_clients = {data.num_clients}")
+    if isinstance(p, DPMitigation) and privacy.statistics:
+        raise ConfigError(f"{source}: mitigation 'dp' noises every release itself; drop [privacy.statistics] "
+                          "(or use mitigation 'none' with it)")
+
+
 @dataclass(frozen=True)
 class ComponentConfig:
     """A registry name and its parameters (method, loss, selection)."""
@@ -377,6 +480,7 @@ class RunConfig:
     label: str = ""
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    mitigation: MitigationConfig = field(default_factory=MitigationConfig)
 
     @property
     def data_seed(self) -> int:
@@ -396,6 +500,7 @@ class RunConfig:
             "secure": _secure_dict(self.secure),
             **({"privacy": self.privacy.to_dict()} if self.privacy.enabled else {}),
             **({"runtime": self.runtime.identity()} if self.runtime.identity() else {}),
+            **({"mitigation": self.mitigation.to_dict()} if self.mitigation.enabled else {}),
         }
 
     def to_json(self) -> str:
@@ -418,7 +523,7 @@ class ExperimentConfig:
 # --- loading --------------------------------------------------------------------------------
 
 TOP_LEVEL = ("name", "seed", "tail_rounds", "data", "model", "train", "method", "loss", "selection",
-             "secure", "privacy", "runtime", "sweep", "runs")
+             "secure", "privacy", "runtime", "mitigation", "sweep", "runs")
 COMPONENT_DEFAULTS = {"method": "fedavg", "loss": "ce", "selection": "random"}
 
 
@@ -685,7 +790,7 @@ def _set_path(raw: dict[str, Any], path: str, value: Any) -> None:
 
 
 def _normalise_components(raw: dict[str, Any]) -> dict[str, Any]:
-    for key in ("method", "loss", "selection", "model"):
+    for key in ("method", "loss", "selection", "model", "mitigation"):
         if isinstance(raw.get(key), str):
             raw[key] = {"name": raw[key]}
     return raw
@@ -695,7 +800,7 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     _normalise_components(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            if key in ("method", "loss", "selection", "model") and "name" in value \
+            if key in ("method", "loss", "selection", "model", "mitigation") and "name" in value \
                     and value["name"] != base[key].get("name"):
                 base[key] = dict(value)  # another component: its parameters start afresh
             else:
@@ -734,12 +839,14 @@ def _build_run(raw: dict[str, Any], *, source: str, label: str) -> RunConfig:
     secure = _secure_section(raw.get("secure", {}), source)
     privacy = _privacy_section(raw.get("privacy", {}), source)
     runtime = _section(RuntimeConfig, raw.get("runtime", {}), "runtime", source)
+    mitigation = _mitigation_section(raw.get("mitigation", {}), source)
+    _check_mitigation(mitigation, data, privacy, source)
     method = _component("method", raw, source)
     loss = _component("loss", raw, source)
     selection = _component("selection", raw, source)
     return RunConfig(name=name, seed=seed, data=data, model=model, train=train, method=method, loss=loss,
                      selection=selection, secure=secure, tail_rounds=tail, label=label, privacy=privacy,
-                     runtime=runtime)
+                     runtime=runtime, mitigation=mitigation)
 
 
 def _component(kind: str, raw: Mapping[str, Any], source: str) -> ComponentConfig:

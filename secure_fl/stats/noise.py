@@ -13,6 +13,7 @@ release is recorded in the run's :class:`~secure_fl.privacy.PrivacyLedger`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping
@@ -103,6 +104,9 @@ class StatisticsPrivacy:
     statistics: Mapping[str, StatisticPrivacy] = field(default_factory=dict)
     rounds: int = 1
     seed: int = 0
+    update_l2: float | None = None
+    """Client-level DP on model updates (mitigation ``dp``): every client clips its scaled update
+    to this L2 norm before noising, so one client moves the sum by at most this much."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistics", dict(self.statistics))
@@ -124,15 +128,25 @@ class StatisticsPrivacy:
         return (Sensitivity(*record) if record is not None else contribution), contribution
 
     def noisy_sum(self, declaration: StatisticDeclaration, *, clients: int, contributors: int,
-                  ledger: Any) -> NoisySum | None:
-        """The ``NoisySum`` of ``declaration`` (None when the statistic is not noised)."""
-        from secure_fl.privacy import NoisySum, SeededRandom
+                  ledger: Any, update: bool = False) -> NoisySum | None:
+        """The ``NoisySum`` of ``declaration`` (None when the statistic is not noised); a model
+        update (``update``) is sized by :attr:`update_l2` (L1 ≤ √d·L2, L∞ ≤ L2)."""
+        from secure_fl.privacy import NoisySum, SeededRandom, Sensitivity
 
         entry = self.entry(declaration.name)
         if entry is None:
             return None
         config = entry.distributed_dp(declaration, rounds=self.rounds, seed=self.seed)
         record, contribution = self.sensitivity(declaration)
+        if update and self.update_l2 is not None:
+            # A model-sized vector has thousands of entries: the per-entry tail event (charged to δ
+            # for every client, entry and release) must be rarer than for a short statistic.
+            budget = config.delta / (100 * (1 + math.exp(config.epsilon)) * clients * declaration.length
+                                     * config.releases)
+            config = dataclasses.replace(config, tail_probability=min(config.tail_probability, budget))
+            width = 2.0 * float(self.update_l2)
+            contribution = record = Sensitivity(math.sqrt(declaration.length) * width, width,
+                                                min(width, 2.0 * float(declaration.bound)))
         rng = None if config.secure_mode else SeededRandom(self.noise_seed(declaration.name, 0))
         survivors = max(1, min(contributors, clients))
         return NoisySum(declaration, config, clients=clients, expected_survivors=survivors, record=record,

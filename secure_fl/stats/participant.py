@@ -4,7 +4,9 @@ A :class:`StatsParticipant` lives in a client node. When the server opens a sum 
 it checks the request against what the client itself expects — the statistic is one its
 method declared, through the protocol the run's plan names for it, with exactly the encoding
 and recipients the declaration implies, and a once-per-run statistic only once — and refuses
-otherwise (a clean dropout with the reason). Then it asks its owner for the vector, clips it to
+otherwise (a clean dropout with the reason). Where the plan holds a public rule on participant
+sets (:mod:`.guard`: issue 25's cohort guard or fixed cohorts) it also refuses a request whose
+participants, with the sets of the releases it joined before, that rule forbids. Then it asks its owner for the vector, clips it to
 the declared bound when the declaration allows clipping (counting what it clipped, the count
 carried inside the sum, :mod:`.tally`), adds its share of distributed-DP noise when the plan
 noises the statistic, and encodes it for the protocol. What it learns comes back as
@@ -35,6 +37,7 @@ from protocols import (
 )
 
 from .declaration import StatisticDeclaration
+from .guard import ReleaseChecker
 from .plan import Layout, Layouts, StatisticsPlan
 from .release import Learned
 from .tally import read_tally, tally
@@ -80,6 +83,8 @@ class StatsParticipant:
         """Once-per-run statistics this client contributed to, and the round of that release."""
         self.clipped = 0
         """Entries this client clipped so far (its own telemetry; the server learns only sums)."""
+        self.guard = None if plan.policy is None else ReleaseChecker(plan.policy, num_clients=len(plan.clients))
+        """The participant sets of the releases this client joined, checked against the plan's policy."""
 
     def handle(self, data: bytes) -> list[Message]:
         return self.endpoint.handle(data)
@@ -115,6 +120,10 @@ class StatsParticipant:
             if done is not None and done != request.round:
                 raise PolicyError(f"statistic {declaration.name!r} is released once per run; it was "
                                   f"released at round {done}")
+        if self.guard is not None and request.kind == "sum":
+            reason = self.guard.check(declaration.name, request.round, request.participants, session=request.session)
+            if reason is not None:
+                raise PolicyError(reason)
         vector = np.asarray(self.source(declaration, request), dtype=np.float64).reshape(-1)
         if vector.shape != (declaration.length,):
             raise EncodingError(f"statistic {declaration.name!r}: {vector.size} entries, declared {declaration.length}")
@@ -123,6 +132,8 @@ class StatsParticipant:
         values, clipped = self._prepare(declaration, layout, vector, request.round)
         if not declaration.per_round:
             self.once[declaration.name] = request.round
+        if self.guard is not None and request.kind == "sum":
+            self.guard.record(declaration.name, request.round, request.participants, session=request.session)
         if not descriptor(protocol).encoded:
             return values
         encoded = encode(layout.base, values).values
@@ -140,6 +151,11 @@ class StatsParticipant:
                              f"[{low}, {high}] and the declaration does not allow clipping")
         if layout.noisy is not None:
             noisy = layout.noisy
+            l2 = self.plan.privacy.update_l2 if self.plan.privacy is not None else None
+            if l2 is not None and self.plan.is_update(declaration):
+                norm = float(np.linalg.norm(vector))
+                if norm > l2:  # the update's sensitivity is its L2 bound: clip to it before noising
+                    vector = vector * (l2 / norm)
             if self.noise_seed is not None and not noisy.config.secure_mode:
                 from secure_fl.privacy import SeededRandom
 
@@ -161,6 +177,9 @@ class StatsParticipant:
             self.on_learned(Learned(result.request.statistic, result.request.round, result.total,
                                     result.contributors, None))
             return
+        if self.guard is not None and result.request.kind == "sum":  # the set actually summed
+            self.guard.record(declaration.name, result.request.round, result.contributors,
+                              session=result.request.session)
         layout = self.layouts(declaration, len(result.request.participants), result.protocol)
         values, clipped = result.total, None
         if layout.digits:
@@ -175,7 +194,10 @@ class StatsParticipant:
         for key, session in self.sessions.items():
             name, tag = (key, "") if isinstance(key, str) else key
             sessions[f"{name}/{tag}"] = session.to_bytes().hex()
-        return {"sessions": sessions, "once": dict(self.once), "clipped": self.clipped}
+        out: dict[str, Any] = {"sessions": sessions, "once": dict(self.once), "clipped": self.clipped}
+        if self.guard is not None:
+            out["guard"] = self.guard.state()
+        return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state` whole or not at all (a refused snapshot changes nothing)."""
@@ -184,6 +206,9 @@ class StatsParticipant:
             sessions = state["sessions"]
             once = {str(k): int(v) for k, v in state["once"].items()}
             clipped = int(state["clipped"])
+            guard = state.get("guard", {})
+            if not isinstance(guard, Mapping):
+                raise TypeError("guard history must be a table")
             for label, data in sessions.items():
                 name, _, tag = str(label).partition("/")
                 key: str | tuple[str, str] = (name, tag) if tag else name
@@ -196,4 +221,6 @@ class StatsParticipant:
                 self.sessions[(name, tag) if tag else name].load_bytes(bytes.fromhex(data))
             raise WireError(f"not a participant snapshot: {type(error).__name__}: {error}") from None
         self.once, self.clipped = once, clipped
+        if self.guard is not None:
+            self.guard.load_state(guard)
         self.endpoint.forget()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from protocols import VectorSpec, descriptor
 
 from .declaration import StatisticDeclaration
+from .guard import ReleasePolicy
 from .noise import StatisticsPrivacy
 from .tally import digits_for
 
@@ -59,7 +60,9 @@ class StatisticsPlan:
 
     ``protocol`` is the default; ``overrides`` maps a statistic name to another protocol;
     ``options`` holds each protocol's keyword options; ``privacy`` names the statistics that get
-    distributed DP; ``updates`` sizes the model-sized sums named in ``update_statistics``.
+    distributed DP; ``updates`` sizes the model-sized sums named in ``update_statistics``;
+    ``policy`` is the public rule on participant sets every client enforces (issue 25's guard or
+    fixed cohorts, :mod:`.guard`).
     """
 
     clients: tuple[int, ...]
@@ -68,6 +71,7 @@ class StatisticsPlan:
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     privacy: StatisticsPrivacy | None = None
     updates: UpdateSettings | None = None
+    policy: ReleasePolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.clients or list(self.clients) != sorted(set(self.clients)):
@@ -95,17 +99,23 @@ class StatisticsPlan:
             names.add(self.updates.protocol)
         return tuple(sorted(names))
 
+    def is_update(self, declaration: StatisticDeclaration) -> bool:
+        return self.updates is not None and declaration == self.updates.declaration(declaration.name)
+
     def noised(self, declaration: StatisticDeclaration) -> bool:
-        """Model-sized sums get no distributed DP (DP-SGD protects updates)."""
-        is_update = self.updates is not None and declaration == self.updates.declaration(declaration.name)
-        return self.privacy is not None and not is_update and self.privacy.entry(declaration.name) is not None
+        """Model-sized sums get distributed DP only when the privacy plan bounds their L2 norm
+        (``update_l2``, mitigation ``dp``); otherwise DP-SGD protects updates."""
+        if self.privacy is None or self.privacy.entry(declaration.name) is None:
+            return False
+        return not self.is_update(declaration) or self.privacy.update_l2 is not None
 
     def layout(self, declaration: StatisticDeclaration, summands: int, protocol: str) -> Layout:
         """The encoding of a request over ``summands`` clients (both sides compute the same)."""
         noisy: NoisySum | None = None
         if self.noised(declaration):
             assert self.privacy is not None
-            noisy = self.privacy.noisy_sum(declaration, clients=len(self.clients), contributors=summands, ledger=None)
+            noisy = self.privacy.noisy_sum(declaration, clients=len(self.clients), contributors=summands, ledger=None,
+                                           update=self.is_update(declaration))
         base = noisy.spec(summands) if noisy is not None else declaration.spec(summands)
         digits = 0 if noisy is not None else self.tally_digits(declaration, base, protocol)
         spec = base if not digits else VectorSpec(
