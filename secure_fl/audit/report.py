@@ -60,12 +60,14 @@ class AuditReport:
     protocols: tuple[str, ...]
     cells: list[CellResult]
     seconds: float
+    mitigations: tuple[str, ...] = ("none",)
 
-    def cell(self, method: str, protocol: str) -> CellResult:
+    def cell(self, method: str, protocol: str, mitigation: str | None = None) -> CellResult:
+        wanted = self.mitigations[0] if mitigation is None else mitigation
         for c in self.cells:
-            if c.method == method and c.protocol == protocol:
+            if c.method == method and c.protocol == protocol and c.mitigation == wanted:
                 return c
-        raise KeyError((method, protocol))
+        raise KeyError((method, protocol, wanted))
 
     # -- JSON ------------------------------------------------------------------------------------
 
@@ -74,6 +76,7 @@ class AuditReport:
             "settings": self.settings.as_dict(),
             "methods": list(self.methods),
             "protocols": list(self.protocols),
+            "mitigations": list(self.mitigations),
             "seconds": round(self.seconds, 2),
             "cells": [c.as_json() for c in self.cells],
         }
@@ -138,10 +141,35 @@ class AuditReport:
                                 + ("" if a.party == "server" else f" ({a.party})") for a in hit))
                     lines.append("| " + " | ".join(row) + " |")
                 lines.append("")
+        lines += self._tradeoff_markdown()
         lines += ["## Cells", ""]
         for c in self.cells:
             lines += self._cell_markdown(c)
         return "\n".join(lines) + "\n"
+
+    def _tradeoff_markdown(self) -> list[str]:
+        """Per method × protocol × mitigation: the two multi-round attacks, ε, utility and its cost."""
+        if self.mitigations == ("none",):
+            return []
+        lines = ["## Mitigations", "",
+                 ("Disaggregation and update label inference: advantage of the server alone; ε: the run's composed "
+                  "ε per client (∞: no formal guarantee); tail accuracy: mean test accuracy over the last "
+                  f"{min(self.settings.tail_rounds, self.settings.rounds)} rounds, Δ against no mitigation (points)."),
+                 "", "| method | protocol | mitigation | disaggregation | update labels | ε | tail acc. | Δ | "
+                 "refusals / fallbacks / sets |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in self.cells:
+            if c.status != "ok":
+                lines.append(f"| {c.method} | {c.protocol} | {c.mitigation} | {c.status}: "
+                             f"{c.reason.splitlines()[0][:120] if c.reason else ''} | | | | | |")
+                continue
+            cost = c.selection_cost
+            lines.append(
+                f"| {c.method} | {c.protocol} | {c.mitigation} | {_fmt(_advantage(c, 'disaggregation'))} | "
+                f"{_fmt(_advantage(c, 'update_label_counts'))} | {'∞' if c.epsilon is None else _fmt(c.epsilon)} | "
+                f"{_fmt(None if c.tail_accuracy is None else 100 * c.tail_accuracy, 1)} | "
+                f"{_fmt(None if c.accuracy_delta is None else 100 * c.accuracy_delta, 1)} | "
+                f"{cost.get('refusals', '—')} / {cost.get('fallbacks', '—')} / {cost.get('distinct_sets', '—')} |")
+        return lines + [""]
 
     def _cell_markdown(self, c: CellResult) -> list[str]:
         lines = [f"### {c.method} × {c.protocol}", ""]
@@ -197,12 +225,12 @@ class AuditReport:
 
     # -- heat map --------------------------------------------------------------------------------
 
-    def _panel_values(self, key: str) -> list[list[float | None]]:
+    def _panel_values(self, key: str, mitigation: str | None = None) -> list[list[float | None]]:
         out: list[list[float | None]] = []
         for m in self.methods:
             row: list[float | None] = []
             for p in self.protocols:
-                c = self.cell(m, p)
+                c = self.cell(m, p, mitigation)
                 if c.status != "ok" or c.summary is None:
                     row.append(None)
                 elif key == "max_advantage":
@@ -216,7 +244,8 @@ class AuditReport:
             out.append(row)
         return out
 
-    def heatmap(self, path: str | Path) -> Path:
+    def heatmap(self, path: str | Path, mitigation: str | None = None) -> Path:
+        """The heat map of one mitigation's cells (the first of :attr:`mitigations` by default)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -227,7 +256,7 @@ class AuditReport:
         fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels) + 1, 0.55 * len(self.methods) + 2.6),
                                  squeeze=False)
         for index, (ax, (key, title)) in enumerate(zip(axes[0], panels)):
-            values = self._panel_values(key)
+            values = self._panel_values(key, mitigation)
             grid = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=float)
             top = 1.0
             if key == "collusion_threshold":
@@ -258,8 +287,10 @@ class AuditReport:
                     dark = v is not None and np.isfinite(shown[i, j]) and shown[i, j] > 0.6
                     ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         s = self.settings
+        shown_mitigation = self.mitigations[0] if mitigation is None else mitigation
         fig.suptitle(f"secure-fl leakage audit — {s.dataset}, {s.num_clients} clients, "
-                     f"{s.clients_per_round}/round, {s.rounds} rounds", fontsize=10)
+                     f"{s.clients_per_round}/round, {s.rounds} rounds"
+                     + ("" if shown_mitigation == "none" else f" — mitigation: {shown_mitigation}"), fontsize=10)
         fig.tight_layout()
         out = Path(path)
         fig.savefig(out, dpi=120)
@@ -275,7 +306,55 @@ class AuditReport:
         paths["markdown"].write_text(self.to_markdown())
         paths["json"].write_text(json.dumps(self.as_json(), indent=2, default=_json_default) + "\n")
         self.heatmap(paths["heatmap"])
+        for mitigation in self.mitigations[1:]:
+            paths[f"heatmap-{mitigation}"] = self.heatmap(out / f"audit-{mitigation}.png", mitigation)
+        if len(self.mitigations) > 1:
+            paths["tradeoff"] = self.tradeoff_plot(out / "audit-tradeoff.png")
         return paths
+
+    def tradeoff_plot(self, path: str | Path, *, protocol: str | None = None) -> Path:
+        """Disaggregation advantage against tail accuracy: one line per method through its
+        mitigations, under ``protocol`` (``masking`` when audited, else the first)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shown = protocol or ("masking" if "masking" in self.protocols else self.protocols[0])
+        markers = dict(zip(self.mitigations, "osD^vP*X"))
+        fig, ax = plt.subplots(figsize=(7.0, 4.6))
+        for method in self.methods:
+            points = []
+            for mitigation in self.mitigations:
+                c = self.cell(method, shown, mitigation)
+                adv = _advantage(c, "disaggregation") if c.status == "ok" else None
+                if adv is not None and c.tail_accuracy is not None:
+                    points.append((100 * c.tail_accuracy, adv, mitigation))
+            if not points:
+                continue
+            line = ax.plot([p[0] for p in points], [p[1] for p in points], "-", alpha=0.6, label=method)[0]
+            for x, y, mitigation in points:
+                ax.plot(x, y, markers.get(mitigation, "o"), color=line.get_color(), markersize=7)
+                ax.annotate(mitigation, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(0.05, color="grey", linestyle=":", linewidth=1)
+        ax.text(ax.get_xlim()[0], 0.05, " target 0.05", fontsize=7, va="bottom", color="grey")
+        ax.set_xlabel(f"tail accuracy (%, mean of the last {min(self.settings.tail_rounds, self.settings.rounds)} "
+                      "rounds)")
+        ax.set_ylabel("disaggregation advantage (server alone)")
+        ax.set_title(f"Mitigations under {shown}: leakage vs utility (markers: mitigation)", fontsize=10)
+        ax.legend(fontsize=8, title="method", title_fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out = Path(path)
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        return out
+
+
+def _advantage(cell: CellResult, name: str) -> float | None:
+    """The server-alone advantage of attack ``name`` in ``cell`` (``None`` when not run)."""
+    hits = [a.advantage for a in cell.attacks if a.name == name and a.party == "server" and a.advantage is not None]
+    return max(hits) if hits else None
 
 
 def _json_default(value: Any) -> Any:
@@ -295,19 +374,30 @@ def run_audit(
     protocols: Sequence[str] = DEFAULT_PROTOCOLS,
     settings: AuditSettings | None = None,
     *,
+    mitigations: Sequence[str] = ("none",),
     progress: Callable[[CellResult, int, int], None] | None = None,
 ) -> AuditReport:
-    """Audit every method × protocol cell on the same data; cells run one after another."""
+    """Audit every method × protocol × mitigation cell on the same data, one after another; each
+    mitigated cell's accuracy delta is against the same method × protocol without mitigation
+    (``None`` when ``none`` is not audited)."""
     settings = settings or AuditSettings()
     start = time.perf_counter()
     dataset = load_dataset_for(settings)
     cells: list[CellResult] = []
-    total = len(methods) * len(protocols)
+    total = len(methods) * len(protocols) * len(mitigations)
     for m in methods:
         for p in protocols:
-            cell = audit_cell(m, p, settings, dataset=dataset)
-            cells.append(cell)
-            if progress is not None:
-                progress(cell, len(cells), total)
+            baseline: CellResult | None = None
+            for mitigation in mitigations:
+                cell = audit_cell(m, p, settings, dataset=dataset, mitigation=mitigation)
+                if mitigation == "none":
+                    baseline = cell
+                cells.append(cell)
+                if progress is not None:
+                    progress(cell, len(cells), total)
+            if baseline is not None and baseline.tail_accuracy is not None:
+                for cell in cells[-len(mitigations):]:
+                    if cell.tail_accuracy is not None:
+                        cell.accuracy_delta = cell.tail_accuracy - baseline.tail_accuracy
     return AuditReport(settings=settings, methods=tuple(methods), protocols=tuple(protocols), cells=cells,
-                       seconds=time.perf_counter() - start)
+                       seconds=time.perf_counter() - start, mitigations=tuple(mitigations))

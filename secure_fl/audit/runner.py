@@ -63,6 +63,15 @@ class CellResult:
     status: str
     """``ok``, ``not available`` (the method is not in the registry yet) or ``failed``."""
     reason: str = ""
+    mitigation: str = "none"
+    epsilon: float | None = None
+    """The run's composed ε per client (the accountant's ``run`` entry); ``None``: no formal bound (∞)."""
+    tail_accuracy: float | None = None
+    """Mean test accuracy of the global model over the run's last ``tail_rounds`` rounds."""
+    accuracy_delta: float | None = None
+    """``tail_accuracy`` minus that of the same method × protocol without mitigation (set by the report)."""
+    selection_cost: dict[str, Any] = field(default_factory=dict)
+    """What the mitigation cost the selection: refusals, fallback rounds, distinct participant sets."""
     summary: LedgerSummary | None = None
     attacks: list[A.AttackResult] = field(default_factory=list)
     seconds: float = 0.0
@@ -89,8 +98,12 @@ class CellResult:
         return {
             "method": self.method,
             "protocol": self.protocol,
+            "mitigation": self.mitigation,
             "status": self.status,
             "reason": self.reason,
+            "epsilon": self.epsilon,
+            "utility": {"tail_accuracy": self.tail_accuracy, "delta": self.accuracy_delta},
+            "selection_cost": dict(self.selection_cost),
             "server_plaintext_bytes_per_client": None if s is None else s.server_plaintext_bytes_per_client,
             "k_min": None if s is None else s.k_min,
             "k_min_effective": None if s is None else s.k_min_effective,
@@ -146,7 +159,8 @@ def protocol_options(protocol: str, settings: AuditSettings, *, clients_only: bo
     return ({protocol: options} if options else {}), notes
 
 
-def run_config(method: str, protocol: str, settings: AuditSettings, *, clients_only: bool = False) -> Any:
+def run_config(method: str, protocol: str, settings: AuditSettings, *, clients_only: bool = False,
+               mitigation: str = "none") -> Any:
     """The :class:`~secure_fl.config.RunConfig` of one cell: every statistic and the model
     updates go through ``protocol`` (with the options for statistics only clients may learn
     when ``clients_only``)."""
@@ -175,6 +189,9 @@ def run_config(method: str, protocol: str, settings: AuditSettings, *, clients_o
         raw["data"]["train_samples"] = settings.train_samples
     if settings.privacy:
         raw["privacy"] = dict(settings.privacy)
+    if mitigation != "none":
+        raw["mitigation"] = settings.mitigation_table(mitigation)
+        raw["name"] = f"{raw['name']}-{mitigation}"
     return RunConfig.from_dict(raw)
 
 
@@ -187,19 +204,21 @@ def load_dataset_for(settings: AuditSettings) -> Any:
 
 # --- the cell ------------------------------------------------------------------------------------
 
-def audit_cell(method: str, protocol: str, settings: AuditSettings, *, dataset: Any = None) -> CellResult:
+def audit_cell(method: str, protocol: str, settings: AuditSettings, *, dataset: Any = None,
+               mitigation: str = "none") -> CellResult:
     """Run and audit one cell; a method that is not registered yet is reported, not raised."""
     ok, why = method_available(method)
     if not ok:
-        return CellResult(method, protocol, "not available", why)
+        return CellResult(method, protocol, "not available", why, mitigation=mitigation)
     start = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(max(settings.torch_threads, 1))  # tiny models: one thread is fastest
     notes: list[str] = []
     try:
-        return _audit_cell(method, protocol, settings, dataset=dataset, start=start, notes=notes)
+        return _audit_cell(method, protocol, settings, dataset=dataset, start=start, notes=notes,
+                           mitigation=mitigation)
     except Exception as error:  # noqa: BLE001 -- a failing cell is reported, the matrix goes on
-        return CellResult(method, protocol, "failed", f"{type(error).__name__}: {error}",
+        return CellResult(method, protocol, "failed", f"{type(error).__name__}: {error}", mitigation=mitigation,
                           seconds=time.perf_counter() - start, notes=notes + [traceback.format_exc(limit=4)])
     finally:
         torch.set_num_threads(threads)
@@ -215,29 +234,39 @@ class _Run:
     releases: list[Any]
     models: list[torch.Tensor]
     cohorts: list[tuple[int, ...]]
+    accuracy: list[float] = field(default_factory=list)
+    """Test accuracy of the global model after each of the last rounds (the server's own test set)."""
+    refusals: int = 0
 
 
-def _build(method: str, protocol: str, settings: AuditSettings, *, dataset: Any, clients_only: bool) -> Any:
+def _build(method: str, protocol: str, settings: AuditSettings, *, dataset: Any, clients_only: bool,
+           mitigation: str = "none") -> Any:
     from secure_fl.runtime import build_simulation
 
-    config = run_config(method, protocol, settings, clients_only=clients_only)
+    config = run_config(method, protocol, settings, clients_only=clients_only, mitigation=mitigation)
     return build_simulation(config, device=torch.device("cpu"), dataset=dataset)
 
 
-def _run(sim: Any, rounds: int) -> _Run:
+def _run(sim: Any, rounds: int, *, tail: int = 0) -> _Run:
     """Play the run with a tap on its network; the server's releases, models and cohorts as it
-    made them."""
+    made them, and the accuracy of the last ``tail`` global models."""
     tap = NetworkTap.on(sim.network)
     sim.setup()
     models = [sim.global_vector.detach().clone()]
     releases: list[Any] = []
     cohorts: list[tuple[int, ...]] = []
+    accuracy: list[float] = []
+    refusals = 0
     while sim.next_round < rounds:
         result = sim.run_round()
         cohorts.append(tuple(result.selected))
         releases.extend(result.releases)
+        refusals += len(result.refusals) + sum(len(r.dropouts) for r in result.releases)
         models.append(sim.global_vector.detach().clone())
-    return _Run(sim, tap.messages, releases, models, cohorts)
+        if result.round >= rounds - tail:
+            value = sim.evaluate().get("accuracy")
+            accuracy.append(float("nan") if value is None else float(value))
+    return _Run(sim, tap.messages, releases, models, cohorts, accuracy, refusals)
 
 
 def _method_model(sim: Any) -> MethodModel:
@@ -258,16 +287,16 @@ def needs_clients_only(model: MethodModel, protocol: str, plan: Any, own_session
 
 
 def _audit_cell(method: str, protocol: str, settings: AuditSettings, *, dataset: Any, start: float,
-                notes: list[str]) -> CellResult:
+                notes: list[str], mitigation: str = "none") -> CellResult:
     notes.extend(protocol_options(protocol, settings)[1])
-    sim = _build(method, protocol, settings, dataset=dataset, clients_only=False)
+    sim = _build(method, protocol, settings, dataset=dataset, clients_only=False, mitigation=mitigation)
     model = _method_model(sim)
     if needs_clients_only(model, protocol, sim.plan, bool(sim.selection.sessions())):
         options = settings.clients_only_options.get(protocol, {})
         notes.append(f"a statistic only clients may learn goes through {protocol}: options {dict(options)}")
-        sim = _build(method, protocol, settings, dataset=dataset, clients_only=True)
+        sim = _build(method, protocol, settings, dataset=dataset, clients_only=True, mitigation=mitigation)
         model = _method_model(sim)
-    run = _run(sim, settings.rounds)
+    run = _run(sim, settings.rounds, tail=min(settings.tail_rounds, settings.rounds))
     clients = tuple(range(settings.num_clients))
     ledger = build_ledger(run.messages, clients=clients)
     lengths = {name: d.length for name, d in model.declarations.items()}
@@ -286,8 +315,15 @@ def _audit_cell(method: str, protocol: str, settings: AuditSettings, *, dataset:
         except Exception as error:  # noqa: BLE001 -- one failing attack must not hide the others
             notes.append(f"{attack.__name__} failed: {type(error).__name__}: {error}")
     static = {n for n in model.declarations if model.count_map(n) is not None}
+    dp = _dp_guarantees(sim)
+    run_epsilon = [d["epsilon"] for d in dp if d["scope"] == "run" and d["epsilon"] is not None]
+    epsilon = float(run_epsilon[0]) if run_epsilon and np.isfinite(run_epsilon[0]) else None
+    tail = [a for a in run.accuracy if np.isfinite(a)]
+    cost: dict[str, Any] = {"refusals": run.refusals, "distinct_sets": len(set(run.cohorts)),
+                            "fallbacks": int(getattr(sim.selection, "fallbacks", 0))}
     return CellResult(method, protocol, "ok", summary=ledger.summary(static=static), attacks=results,
-                      dp=_dp_guarantees(sim), seconds=time.perf_counter() - start,
+                      dp=dp, seconds=time.perf_counter() - start, mitigation=mitigation, epsilon=epsilon,
+                      tail_accuracy=float(np.mean(tail)) if tail else None, selection_cost=cost,
                       party_bytes=_party_bytes(ledger), exposures=ledger.exposures(), notes=notes)
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_METHODS",
+    "DEFAULT_MITIGATIONS",
     "DEFAULT_PROTOCOLS",
+    "MITIGATION_DEFAULTS",
     "METHOD_LOSS",
     "SELECTION_METHODS",
     "AuditSettings",
@@ -19,6 +21,15 @@ __all__ = [
 
 DEFAULT_METHODS = ("fedavg", "fedshift", "climb", "ratio_loss", "dubhe")
 DEFAULT_PROTOCOLS = ("plain", "paillier", "ckks", "masking")
+DEFAULT_MITIGATIONS = ("none",)
+MITIGATION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "guard": {"k": 4},
+    "cohorts": {"size": 4},
+    "dp": {"epsilon": 2.0, "delta": 1e-5, "update_l2": 0.05, "secure_mode": False},
+}
+"""The ``[mitigation]`` table of a cell, per mitigation name (the audit's noise is seeded, so cells
+repeat; ``AuditSettings.mitigation_params`` overrides)."""
 
 SELECTION_METHODS = {"dubhe": ("fedavg", "dubhe")}
 """Audit "methods" that are a selection strategy on top of a federated method."""
@@ -67,6 +78,14 @@ class AuditSettings:
     privacy: Mapping[str, Any] = field(default_factory=dict)
     """The runs' ``[privacy]`` table (DP-SGD, distributed DP per statistic); empty: no DP."""
     torch_threads: int = 1
+    mitigation_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per mitigation name, parameters over :data:`MITIGATION_DEFAULTS` (e.g. ``{"guard": {"k": 3}}``)."""
+    tail_rounds: int = 3
+    """Utility: mean test accuracy of the global model over the run's last ``tail_rounds`` rounds."""
+
+    def mitigation_table(self, name: str) -> dict[str, Any]:
+        """The ``[mitigation]`` table of a cell with mitigation ``name``."""
+        return {"name": name, **MITIGATION_DEFAULTS.get(name, {}), **dict(self.mitigation_params.get(name, {}))}
 
     def options_for(self, protocol: str, *, clients_only: bool = False) -> dict[str, Any]:
         """The keyword options of ``protocol`` in a cell (see the class docstring)."""
@@ -84,7 +103,8 @@ class AuditSettings:
         data = asdict(self)
         for name in ("partition_params", "privacy"):
             data[name] = dict(getattr(self, name))
-        for name in ("method_params", "selection_params", "protocol_options", "clients_only_options"):
+        for name in ("method_params", "selection_params", "protocol_options", "clients_only_options",
+                     "mitigation_params"):
             data[name] = {k: dict(v) for k, v in getattr(self, name).items()}
         data["hidden"] = list(self.hidden)
         return data

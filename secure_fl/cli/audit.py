@@ -1,9 +1,10 @@
 """``secure-fl audit``: what each method tells each party, per secure-sum protocol.
 
-Runs every METHOD × PROTOCOL cell on demo-sized data (scikit-learn digits by default), reads
+Runs every METHOD × PROTOCOL (× MITIGATION) cell on demo-sized data (scikit-learn digits by default), reads
 each run's transcript into an exposure ledger and attacks what each party received. Prints
 the matrix (or, with ``--json``, one JSON object with a ``cells`` list) and, with ``--out
-DIR``, writes ``audit.md``, ``audit.json`` and the heat map ``audit.png`` there.
+DIR``, writes ``audit.md``, ``audit.json`` and the heat map ``audit.png`` there (with
+``--mitigations``: one heat map per further mitigation and the trade-off plot too).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _names(text: str) -> list[str]:
 
 
 def register(subparsers: Any) -> None:
-    from secure_fl.audit.settings import DEFAULT_METHODS, DEFAULT_PROTOCOLS, AuditSettings
+    from secure_fl.audit.settings import DEFAULT_METHODS, DEFAULT_MITIGATIONS, DEFAULT_PROTOCOLS, AuditSettings
 
     d = AuditSettings()
     p = subparsers.add_parser(
@@ -37,6 +38,9 @@ def register(subparsers: Any) -> None:
                    help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
     p.add_argument("--protocols", type=_names, default=list(DEFAULT_PROTOCOLS), metavar="LIST",
                    help=f"comma-separated protocols (default: {','.join(DEFAULT_PROTOCOLS)})")
+    p.add_argument("--mitigations", type=_names, default=list(DEFAULT_MITIGATIONS), metavar="LIST",
+                   help="comma-separated mitigations against multi-round disaggregation: none, guard, cohorts, dp "
+                        f"(default: {','.join(DEFAULT_MITIGATIONS)}); each cell also reports ε and tail accuracy")
     p.add_argument("--rounds", type=int, default=d.rounds, metavar="T", help=f"rounds per run (default {d.rounds})")
     p.add_argument("--clients", type=int, default=d.num_clients, metavar="N",
                    help=f"number of clients (default {d.num_clients})")
@@ -65,6 +69,13 @@ def _check(args: argparse.Namespace) -> str | None:
     for name in args.protocols:
         if name not in PROTOCOLS:
             return f"unknown protocol {name!r}{did_you_mean(name, PROTOCOLS)}; known: {', '.join(PROTOCOLS)}"
+    from secure_fl.config import MITIGATIONS
+
+    for name in args.mitigations:
+        if name not in MITIGATIONS:
+            return f"unknown mitigation {name!r}{did_you_mean(name, MITIGATIONS)}; known: {', '.join(MITIGATIONS)}"
+    if len(set(args.mitigations)) != len(args.mitigations):
+        return "--mitigations lists a mitigation twice"
     methods = sorted(set(DEFAULT_METHODS) | set(ALGORITHMS))
     for name in args.methods:
         if name not in methods:
@@ -95,14 +106,15 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(cell: CellResult, done: int, total: int) -> None:
         detail = f"max advantage {cell.max_advantage:.2f}" if cell.max_advantage is not None else cell.reason
-        log.info("audit [%d/%d] %s × %s: %s (%.1f s) %s", done, total, cell.method, cell.protocol, cell.status,
-                 cell.seconds, detail)
+        log.info("audit [%d/%d] %s × %s × %s: %s (%.1f s) %s", done, total, cell.method, cell.protocol,
+                 cell.mitigation, cell.status, cell.seconds, detail)
 
-    cells = len(args.methods) * len(args.protocols)
-    log.info("auditing %d cells (%s × %s), %d rounds of %d of %d clients on %s each", cells,
-             ",".join(args.methods), ",".join(args.protocols), args.rounds, args.per_round, args.clients, args.dataset)
+    cells = len(args.methods) * len(args.protocols) * len(args.mitigations)
+    log.info("auditing %d cells (%s × %s × %s), %d rounds of %d of %d clients on %s each", cells,
+             ",".join(args.methods), ",".join(args.protocols), ",".join(args.mitigations), args.rounds,
+             args.per_round, args.clients, args.dataset)
     try:
-        report = run_audit(args.methods, args.protocols, settings, progress=progress)
+        report = run_audit(args.methods, args.protocols, settings, mitigations=args.mitigations, progress=progress)
     except (ValueError, OSError) as error:
         log.error("%s: %s", type(error).__name__, error)
         return 1
@@ -118,15 +130,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(report: Any) -> str:
-    rows = [("method", "protocol", "status", "max adv", "k_min", "t", "server B/client", "attacks")]
+    rows = [("method", "protocol", "mitigation", "status", "max adv", "ε", "tail acc", "Δ", "k_min", "t",
+             "server B/client", "attacks")]
     for c in report.cells:
         s = c.summary
         attacks = ", ".join(
             f"{a.name}{'' if a.party == 'server' else f'[{a.party}]'}={a.advantage:.2f}"
             for a in c.attacks if a.advantage is not None)
         rows.append((
-            c.method, c.protocol, c.status,
+            c.method, c.protocol, c.mitigation, c.status,
             "—" if c.max_advantage is None else f"{c.max_advantage:.2f}",
+            "∞" if c.epsilon is None else f"{c.epsilon:.2f}",
+            "—" if c.tail_accuracy is None else f"{100 * c.tail_accuracy:.1f}",
+            "—" if c.accuracy_delta is None else f"{100 * c.accuracy_delta:+.1f}",
             "—" if s is None or s.k_min is None else str(s.k_min),
             "—" if s is None or s.collusion_threshold is None else str(s.collusion_threshold),
             "—" if s is None else f"{s.server_plaintext_bytes_per_client:.0f}",
