@@ -1,0 +1,111 @@
+"""Issue 25: mitigations against multi-round disaggregation (guard, fixed cohorts, DP) and their audit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from protocols import ProtocolError
+from secure_fl.audit.runner import audit_cell, load_dataset_for, run_config
+from secure_fl.audit.settings import AuditSettings
+from secure_fl.config import ConfigError, GuardMitigation, parse_config
+from secure_fl.runtime import build_simulation
+from secure_fl.stats import TOTAL_SAMPLES
+from secure_fl.stats.guard import FixedCohorts, ReleaseChecker, SpanGuard, make_cohorts, small_set_in_span
+
+BASE = """
+[data]
+dataset = "digits"
+num_clients = 8
+partition_params = { alpha = 0.5 }
+[train]
+rounds = 2
+clients_per_round = 4
+"""
+
+
+def test_span_rule_finds_a_differenced_client_and_passes_disjoint_sets() -> None:
+    assert small_set_in_span([(0, 1, 2, 3), (0, 1, 2)], 2, num_clients=8) == (3,)
+    assert small_set_in_span([(0, 1, 2, 3), (4, 5, 6, 7)], 4, num_clients=8) is None
+    # No two rows isolate client 0, all five together do (4·e0 = Σ rows with 0 − 3·row without it).
+    rows = [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 3, 4), (0, 2, 3, 4)]
+    assert small_set_in_span(rows, 2, num_clients=5) is None
+    assert small_set_in_span([*rows, (1, 2, 3, 4)], 2, num_clients=5) is not None
+
+
+def test_guard_checker_refuses_with_the_exposed_set_and_allows_a_repeat() -> None:
+    checker = ReleaseChecker(SpanGuard(k=3), num_clients=8)
+    assert checker.check("s", 0, [0, 1, 2, 3]) is None
+    checker.record("s", 0, [0, 1, 2, 3])
+    reason = checker.check("s", 1, [0, 1, 2])
+    assert reason is not None and "[3]" in reason
+    assert checker.check("s", 1, [0, 1, 2, 3]) is None  # the same set adds nothing to the span
+    assert checker.check("s", 1, [0, 1]) is not None  # fewer than k
+    assert checker.check("other", 1, [0, 1, 2]) is None  # each statistic has its own history
+    restored = ReleaseChecker(SpanGuard(k=3), num_clients=8)
+    restored.load_state(json.loads(json.dumps(checker.state())))
+    assert restored.history == checker.history
+
+
+def test_cohorts_are_seeded_disjoint_and_large_enough() -> None:
+    cohorts = make_cohorts(10, 3, seed=7)
+    assert cohorts == make_cohorts(10, 3, seed=7)
+    assert sorted(c for g in cohorts for c in g) == list(range(10))
+    assert len(cohorts) == 3 and all(len(g) >= 3 for g in cohorts)
+    policy = FixedCohorts(cohorts=cohorts)
+    assert policy.violation([], cohorts[0], num_clients=10) is None
+    assert policy.violation([], cohorts[0][:-1], num_clients=10) is not None
+
+
+def test_mitigation_table_is_validated() -> None:
+    run = parse_config(BASE + '[mitigation]\nname = "guard"\nk = 3\n').runs[0]
+    assert run.mitigation.params == GuardMitigation(k=3)
+    assert run.to_dict()["mitigation"] == {"name": "guard", "k": 3}
+    assert "mitigation" not in parse_config(BASE).runs[0].to_dict()  # identities of earlier runs unchanged
+    for bad, words in [('name = "gard"', "did you mean 'guard'"), ('name = "guard"\nk = 1', "mitigation.k"),
+                       ('name = "cohorts"\nsize = 9', "exceeds data.num_clients"),
+                       ('name = "cohorts"\nk = 3', "unknown key 'mitigation.k'"),
+                       ('name = "dp"\nepsilon = -1.0', "mitigation.epsilon")]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            parse_config(BASE + "[mitigation]\n" + bad + "\n")
+
+
+def test_clients_refuse_a_request_that_splits_a_cohort() -> None:
+    settings = AuditSettings(rounds=1)
+    config = run_config("fedavg", "plain", settings, mitigation="cohorts")
+    sim = build_simulation(config, device=torch.device("cpu"), dataset=load_dataset_for(settings))
+    sim.setup()
+    policy = sim.plan.policy
+    assert isinstance(policy, FixedCohorts)
+    whole, split = policy.cohorts[0], policy.cohorts[0][:2] + policy.cohorts[1][:2]
+    release = sim.stats.request(TOTAL_SAMPLES, cohort=whole, round=0)
+    assert release.contributors == whole
+    with pytest.raises(ProtocolError, match="no client uploaded"):  # every member refuses: nothing summed
+        sim.stats.request(TOTAL_SAMPLES, cohort=sorted(split), round=1)
+    guard = sim.nodes[split[0]].participant.guard
+    assert guard is not None
+    reason = guard.check(TOTAL_SAMPLES.name, 1, sorted(split))
+    assert reason is not None and reason.startswith("cohorts:")
+    assert guard.history[TOTAL_SAMPLES.name] == {0: whole}  # only what it joined
+
+
+def test_audit_cells_carry_mitigation_epsilon_and_utility() -> None:
+    settings = AuditSettings()
+    dataset = load_dataset_for(settings)
+    cells = {m: audit_cell("fedavg", "masking", settings, dataset=dataset, mitigation=m)
+             for m in ("none", "guard", "cohorts")}
+    assert all(c.status == "ok" for c in cells.values()), {m: c.reason for m, c in cells.items()}
+
+    def disaggregation(mitigation: str) -> float:
+        return max(a.advantage for a in cells[mitigation].attacks
+                   if a.name == "disaggregation" and a.party == "server" and a.advantage is not None)
+
+    assert disaggregation("cohorts") <= 0.05 < disaggregation("none")
+    assert disaggregation("guard") < disaggregation("none")
+    for mitigation, cell in cells.items():
+        data = cell.as_json()
+        assert data["mitigation"] == mitigation and data["epsilon"] is None
+        assert 0.0 < data["utility"]["tail_accuracy"] <= 1.0
+    assert cells["cohorts"].selection_cost["distinct_sets"] <= 2
