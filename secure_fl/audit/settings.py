@@ -26,10 +26,12 @@ MITIGATION_DEFAULTS: dict[str, dict[str, Any]] = {
     "none": {},
     "guard": {"k": 4},
     "cohorts": {"size": 4},
-    "dp": {"epsilon": 2.0, "delta": 1e-5, "update_l2": 0.05, "secure_mode": False},
+    "dp": {"epsilon": 2.0, "delta": 1e-5, "update_l2": 0.05, "counts": "record", "secure_mode": False},
 }
 """The ``[mitigation]`` table of a cell, per mitigation name (the audit's noise is seeded, so cells
-repeat; ``AuditSettings.mitigation_params`` overrides)."""
+repeat; ``AuditSettings.mitigation_params`` overrides). ``dp`` noises counts at record level:
+client-level noise on a sample count of 8 clients exceeds the count and no method can average
+(docs/audit.md, "Client-level DP on every release")."""
 
 SELECTION_METHODS = {"dubhe": ("fedavg", "dubhe")}
 """Audit "methods" that are a selection strategy on top of a federated method."""

@@ -58,7 +58,8 @@ def run_privacy(config: RunConfig) -> StatisticsPrivacy | None:
         entry = StatisticPrivacy(epsilon=params.epsilon, delta=params.delta, level="client", mechanism="ddg",
                                  secure_mode=params.secure_mode)
         return StatisticsPrivacy(statistics={DEFAULT_STATISTIC: entry}, rounds=config.train.rounds,
-                                 seed=config.seed, update_l2=params.update_l2)
+                                 seed=config.seed, update_l2=params.update_l2,
+                                 counts_at_record_level=params.counts == "record")
     statistics = config.privacy.statistics
     return StatisticsPrivacy(statistics=statistics, rounds=config.train.rounds, seed=config.seed) \
         if statistics else None

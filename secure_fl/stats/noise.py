@@ -107,6 +107,9 @@ class StatisticsPrivacy:
     update_l2: float | None = None
     """Client-level DP on model updates (mitigation ``dp``): every client clips its scaled update
     to this L2 norm before noising, so one client moves the sum by at most this much."""
+    counts_at_record_level: bool = False
+    """Mitigation ``dp`` with ``counts = "record"``: statistics that declare a per-record
+    sensitivity are noised at record level, every other release at the entry's level."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistics", dict(self.statistics))
@@ -137,6 +140,8 @@ class StatisticsPrivacy:
         if entry is None:
             return None
         config = entry.distributed_dp(declaration, rounds=self.rounds, seed=self.seed)
+        if self.counts_at_record_level and not update and declaration.record_norms() is not None:
+            config = dataclasses.replace(config, level="record")
         record, contribution = self.sensitivity(declaration)
         if update and self.update_l2 is not None:
             # A model-sized vector has thousands of entries: the per-entry tail event (charged to δ

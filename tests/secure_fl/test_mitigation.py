@@ -67,7 +67,9 @@ def test_mitigation_table_is_validated() -> None:
     for bad, words in [('name = "gard"', "did you mean 'guard'"), ('name = "guard"\nk = 1', "mitigation.k"),
                        ('name = "cohorts"\nsize = 9', "exceeds data.num_clients"),
                        ('name = "cohorts"\nk = 3', "unknown key 'mitigation.k'"),
-                       ('name = "dp"\nepsilon = -1.0', "mitigation.epsilon")]:
+                       ('name = "dp"\nepsilon = -1.0', "mitigation.epsilon"),
+                       ('name = "dp"\ncounts = "some"', "mitigation.counts"),
+                       ('name = "guard"\n[runtime]\nengine = "flower"', "embedded engine only")]:
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             parse_config(BASE + "[mitigation]\n" + bad + "\n")
 
@@ -109,3 +111,14 @@ def test_audit_cells_carry_mitigation_epsilon_and_utility() -> None:
         assert data["mitigation"] == mitigation and data["epsilon"] is None
         assert 0.0 < data["utility"]["tail_accuracy"] <= 1.0
     assert cells["cohorts"].selection_cost["distinct_sets"] <= 2
+
+
+def test_dp_cell_reports_the_composed_epsilon_per_client() -> None:
+    settings = AuditSettings(rounds=3)
+    cell = audit_cell("fedavg", "masking", settings, dataset=load_dataset_for(settings), mitigation="dp")
+    assert cell.status == "ok", cell.reason
+    scopes = {d["scope"]: d["epsilon"] for d in cell.dp}
+    assert {"model_update", "total_samples", "run"} <= set(scopes)
+    # each statistic spends at most its budget; the run composes both into one ε per client
+    assert scopes["model_update"] <= 2.0 + 1e-6 and scopes["total_samples"] <= 2.0 + 1e-6
+    assert cell.epsilon == scopes["run"] and max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon
