@@ -167,7 +167,26 @@ def _key_reducers() -> dict[type, Callable[[Any], tuple[Any, ...]]]:
 
     x_private = x25519.X25519PrivateKey.generate()
     e_private = ed25519.Ed25519PrivateKey.generate()
+    reducers: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+    try:
+        import tenseal as ts
+
+        reducers[ts.Context] = lambda ctx: (_seal_context, (bytes(ctx.serialize(
+            save_public_key=True, save_secret_key=ctx.is_private(), save_galois_keys=ctx.has_galois_keys(),
+            save_relin_keys=ctx.has_relin_keys())),))
+        from protocols.primitives import bfv, ckks, seal
+
+        # SEAL key sets by their serialisations (the loaded SEAL objects are rebuilt from them)
+        for public in (seal.PublicKeys, ckks.PublicContext, bfv.PublicContext):
+            reducers[public] = lambda keys: (type(keys), (keys.data, keys.params))
+        for secret in (seal.SecretKeys, ckks.SecretContext, bfv.SecretContext):
+            reducers[secret] = lambda keys: (type(keys), (bytes(keys._ctx.serialize(
+                save_public_key=False, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)),
+                keys.public))
+    except ImportError:  # pragma: no cover -- TenSEAL is a dependency; without it no SEAL party exists
+        pass
     return {
+        **reducers,
         # a channel key without its cache of derived AEAD keys (rebuilt on use): the key pair only
         ChannelKey: lambda key: (_channel_key, ({n: v for n, v in vars(key).items() if n != "_aeads"},)),
         type(x_private): raw_private(x25519.X25519PrivateKey),
@@ -183,6 +202,12 @@ def _channel_key(fields: dict[str, Any]) -> Any:
     key = ChannelKey.__new__(ChannelKey)
     key.__dict__.update(fields, _aeads={})
     return key
+
+
+def _seal_context(data: bytes) -> Any:
+    import tenseal as ts
+
+    return ts.context_from(data, n_threads=1)
 
 
 _REDUCERS: dict[type, Callable[[Any], tuple[Any, ...]]] | None = None

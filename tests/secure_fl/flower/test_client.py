@@ -44,9 +44,11 @@ def config() -> RunConfig:
     return parse_config(CONFIG).runs[0]
 
 
-def test_nodes_rebuilt_per_message_run_like_live_nodes(config: RunConfig) -> None:
-    """FedShift with its prior through Paillier and updates through masking: every message to a
-    fresh node restored from its state gives the embedded run's models."""
+@pytest.mark.parametrize("prior", ["paillier", "ckks"])
+def test_nodes_rebuilt_per_message_run_like_live_nodes(prior: str) -> None:
+    """FedShift with its prior through Paillier (or CKKS) and updates through masking: every message
+    to a fresh node restored from its state gives the embedded run's models."""
+    config = parse_config(CONFIG.replace('label_histogram = "paillier"', f'label_histogram = "{prior}"')).runs[0]
     def run(hosted: bool) -> list[torch.Tensor]:
         sim = build_simulation(config, device=torch.device("cpu"))
         if hosted:
