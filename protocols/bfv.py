@@ -64,6 +64,12 @@ class BfvOptions(SealOptions):
         ``agent`` or ``all`` (:mod:`protocols.seal_sum`).
     ``symmetric``
         a client that holds the secret key encrypts with it: seeded ciphertexts, half the bytes.
+    ``verify_aggregate``
+        a decryptor decrypts only an aggregate that every contributor attested (signed tags of
+        its own upload, checked on ciphertexts before decrypting; :mod:`protocols.seal_sum`),
+        so an active server cannot alter the aggregate and learn from a refusal. ``None``
+        (default): on whenever the parties have registered signing keys
+        (``make_sum(..., authenticate=True)``); ``True`` needs them.
     """
 
     poly_modulus_degree: int | None = None
@@ -71,6 +77,7 @@ class BfvOptions(SealOptions):
     plain_modulus: int | None = None
     keyholder: Keyholder = "agent"
     symmetric: bool = True
+    verify_aggregate: bool | None = None
     parameters: raw.BfvParameters | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:

@@ -76,6 +76,12 @@ class CkksOptions(SealOptions):
     ``symmetric``
         a client that holds the secret key encrypts with it: seeded ciphertexts, half the bytes
         (and less noise, so smaller parameters when every client holds the key).
+    ``verify_aggregate``
+        a decryptor decrypts only an aggregate that every contributor attested (signed tags of
+        its own upload, checked on ciphertexts before decrypting; :mod:`protocols.seal_sum`),
+        so an active server cannot alter the aggregate and learn from a refusal. ``None``
+        (default): on whenever the parties have registered signing keys
+        (``make_sum(..., authenticate=True)``); ``True`` needs them.
     """
 
     poly_modulus_degree: int | None = None
@@ -83,6 +89,7 @@ class CkksOptions(SealOptions):
     scale_bits: int | None = None
     keyholder: Keyholder = "agent"
     symmetric: bool = True
+    verify_aggregate: bool | None = None
     parameters: raw.CkksParameters | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:

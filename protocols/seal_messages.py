@@ -24,8 +24,10 @@ import numpy.typing as npt
 
 from .encoding import VectorSpec
 from .errors import PolicyError, WireError
+from .identity import SIGNATURE_BYTES
 from .messages import ReleasedSum, read_contributors, write_contributors
 from .primitives import seal as raw
+from .primitives import seal_tags as tags
 from .primitives.channel import PUBLIC_KEY_BYTES
 from .session import SumRequest
 from .wire import PartyId, Reader, Writer
@@ -42,7 +44,8 @@ P = TypeVar("P", bound=raw.SealParameters)
 
 
 class Stage(IntEnum):
-    """Set-up stages (1-5), then those of a sum (6-8)."""
+    """Set-up stages (1-5), then those of a sum (6-8), and a verified sum's attestation (9-10:
+    the server's digest of its aggregate, each contributor's signed tags of its own upload)."""
 
     CONTEXT = 1
     ADVERTISE = 2
@@ -52,6 +55,8 @@ class Stage(IntEnum):
     UPLOAD = 6
     AGGREGATE = 7
     RESULT = 8
+    CHALLENGE = 9
+    TAG = 10
 
 
 # --- checksums and ciphertext bundles -------------------------------------------------------
@@ -134,6 +139,99 @@ def read_result(payload: bytes, spec: VectorSpec, clients: Sequence[PartyId]) ->
     return ReleasedSum.from_bytes(verified(payload), spec, parties=clients)
 
 
+# --- verified aggregates: the challenge, the tags, the aggregate that carries them ---------------
+
+MAX_ATTEMPTS: Final = 8
+"""Challenges per sum: each one after the first follows contributors left out for a missing or
+wrong tag (so there are never more than contributors); a sum still unattested after that many
+aborts."""
+
+
+def aggregate_digest(protocol: str, run_id: bytes, attempt: int, body: bytes) -> bytes:
+    """What the tags' functionals are drawn from: the aggregate's body (contributors, key
+    fingerprint, ciphertexts) as the decryptors receive it, bound to the run and the attempt."""
+    digest = hashlib.sha256(b"secure-fl/seal-aggregate\x00" + protocol.encode() + b"\x00" + run_id
+                            + attempt.to_bytes(4, "big"))
+    digest.update(body)
+    return digest.digest()
+
+
+def write_challenge(attempt: int, contributors: tuple[PartyId, ...], clients: Sequence[PartyId],
+                    digest: bytes) -> bytes:
+    return write_contributors(Writer().u32(attempt), contributors, clients).raw(digest).finish()
+
+
+def read_challenge(payload: bytes, clients: Sequence[PartyId], summands: int) -> tuple[int, tuple[PartyId, ...], bytes]:
+    reader = Reader(payload)
+    attempt = reader.u32()
+    contributors = read_contributors(reader, clients, summands)
+    digest = reader.raw(tags.DIGEST_BYTES)
+    reader.end()
+    if not 1 <= attempt <= MAX_ATTEMPTS:
+        raise WireError(f"challenge attempt {attempt} outside 1..{MAX_ATTEMPTS}")
+    return attempt, contributors, digest
+
+
+def tag_statement(protocol: str, run_id: bytes, sender: PartyId, attempt: int, digest: bytes,
+                  values: npt.NDArray[np.uint64]) -> bytes:
+    """What a contributor signs: its tags of its own upload, for this run, attempt and aggregate."""
+    return b"".join((b"secure-fl/seal-tag\x00", protocol.encode(), b"\x00", run_id, sender.to_bytes(4, "big"),
+                     attempt.to_bytes(4, "big"), digest, values.astype(">u8").tobytes()))
+
+
+def _write_tags(writer: Writer, values: npt.NDArray[np.uint64], signature: bytes) -> Writer:
+    return writer.raw(values.astype(">u8").tobytes()).raw(signature)
+
+
+def _read_tags(reader: Reader, primes: Sequence[int]) -> tuple[npt.NDArray[np.uint64], bytes]:
+    count = tags.FUNCTIONALS * len(primes)
+    values = np.frombuffer(reader.raw(8 * count), dtype=">u8").astype(np.uint64).reshape(tags.FUNCTIONALS,
+                                                                                        len(primes))
+    if np.any(values >= np.array(primes, dtype=np.uint64)):
+        raise WireError("a tag is not reduced modulo its prime")
+    return values, reader.raw(SIGNATURE_BYTES)
+
+
+def write_tag(attempt: int, values: npt.NDArray[np.uint64], signature: bytes) -> bytes:
+    return _write_tags(Writer().u32(attempt), values, signature).finish()
+
+
+def read_tag(payload: bytes, primes: Sequence[int]) -> tuple[int, npt.NDArray[np.uint64], bytes]:
+    reader = Reader(payload)
+    attempt = reader.u32()
+    values, signature = _read_tags(reader, primes)
+    reader.end()
+    return attempt, values, signature
+
+
+def verified_aggregate_for(body: bytes, *, release: bool, attempt: int,
+                           signed: list[tuple[npt.NDArray[np.uint64], bytes]]) -> bytes:
+    """Flag, the aggregate's body (checksummed as :func:`write_aggregate` wrote it), the attempt,
+    then each contributor's tags and signature in ascending contributor order."""
+    writer = Writer().u8(int(release)).blob(body).u32(attempt)
+    for values, signature in signed:
+        _write_tags(writer, values, signature)
+    return writer.finish()
+
+
+def read_verified_aggregate(payload: bytes, context: raw.PublicKeys, spec: VectorSpec, clients: Sequence[PartyId],
+                            expected: int, primes: Sequence[int]
+                            ) -> tuple[bool, tuple[PartyId, ...], list[bytes], bytes, int, list[tuple[npt.NDArray[np.uint64], bytes]]]:
+    """``(release, contributors, streams, body, attempt, [(tags, signature)] per contributor)``."""
+    reader = Reader(payload)
+    release = reader.u8()
+    body = reader.blob(max_len=len(payload))
+    attempt = reader.u32()
+    if release not in (0, 1):
+        raise WireError("bad release flag")
+    if not 1 <= attempt <= MAX_ATTEMPTS:
+        raise WireError(f"aggregate attempt {attempt} outside 1..{MAX_ATTEMPTS}")
+    _, contributors, streams = read_aggregate(bytes([release]) + body, context, spec, clients, expected)
+    signed = [_read_tags(reader, primes) for _ in contributors]
+    reader.end()
+    return bool(release), contributors, streams, body, attempt, signed
+
+
 # --- run parameters (SumRequest.params) ---------------------------------------------------
 
 @dataclass(frozen=True)
@@ -181,10 +279,13 @@ class SumParams:
     fingerprint: bytes
     agent: PartyId
     request_digest: bytes
+    verified: bool = False
+    """The decryptors get a verified aggregate (:mod:`protocols.seal_sum`, ``verify_aggregate``);
+    a client refuses a run that is not what its own options ask."""
 
     def to_bytes(self) -> bytes:
         return (Writer().blob(self.parameters).raw(self.fingerprint).u32(self.agent)
-                .raw(self.request_digest).finish())
+                .raw(self.request_digest).u8(int(self.verified)).finish())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SumParams:
@@ -192,8 +293,11 @@ class SumParams:
         parameters = reader.blob(max_len=MAX_PARAMS)
         fingerprint, agent = reader.raw(raw.FINGERPRINT_BYTES), reader.u32()
         digest = reader.raw(CHECKSUM_BYTES)
+        verified = reader.u8()
         reader.end()
-        return cls(parameters, fingerprint, agent, digest)
+        if verified not in (0, 1):
+            raise WireError("bad verified flag")
+        return cls(parameters, fingerprint, agent, digest, bool(verified))
 
 
 def request_digest(protocol: str, request: SumRequest, clients: Sequence[PartyId]) -> bytes:

@@ -28,7 +28,8 @@ between the parties) when it has none yet — lazily, so a run sets up exactly t
 statistics need.
 
 **A sum**, one exchange per stage: ``open`` goes to the participants (and the agent in agent
-mode); participants answer ``upload``. The server adds the ciphertexts and sends ``aggregate``
+mode); participants answer ``upload`` (verified sums: then ``challenge`` and ``tag``, below).
+The server adds the ciphertexts and sends ``aggregate``
 to the decryptors (the agent; or with a shared key the contributors, or only the releaser when
 clients are not to learn the sum). The releaser answers ``result`` (the encoded sum), and in
 agent mode the server relays it to the other contributors when clients are to learn it.
@@ -57,8 +58,26 @@ bit the one ``plain``, ``paillier`` and ``masking`` produce.
 **Integrity.** Every upload carries a key fingerprint (SHA-256 of the public context), checked
 before anything is parsed; a ciphertext under another key set is refused with
 :class:`~protocols.errors.ForeignKeyError`. Ciphertext and result payloads end with a checksum
-that catches corruption in transit; it is not authentication — ciphertexts are malleable, so
-authenticity is the transport's job.
+that catches corruption in transit; it is not authentication — ciphertexts are malleable.
+
+**Verified aggregates** (``verify_aggregate``; on by default when the parties have registered
+signing keys, e.g. ``make_sum(..., authenticate=True)``). The server computes the aggregate,
+so it can alter it (add an encryption of any delta, or pass one upload off as the sum), and a
+key holder that refuses what decrypts out of bound tells it one bit about the plaintext.
+Verified, the server cannot: after the uploads it sends each contributor ``challenge`` (a
+digest of the aggregate as the decryptors will receive it); each contributor answers ``tag``,
+:data:`~protocols.primitives.seal_tags.FUNCTIONALS` random linear functionals of its *own*
+upload drawn from that digest (:mod:`protocols.primitives.seal_tags`), signed with its
+registered Ed25519 key. The server checks the signatures and that the tags add up to the
+aggregate's; a contributor that sends none or a wrong one is left out with the reason, the
+rest re-added and challenged again (at most
+:data:`~protocols.seal_messages.MAX_ATTEMPTS` times). The decryptors get the aggregate with
+every contributor's signed tags and decrypt only if every signature verifies and the tags add
+up to the aggregate's own — otherwise a :class:`TamperedAggregateError` naming the server,
+decided on ciphertexts and signatures, before decrypting. A decryptor never receives one upload
+(it could decrypt it); a tag is masked by the uniform half of its ciphertext. What remains:
+a contributor's *own* ciphertext may hold an out-of-bound plaintext, and the decryptor's
+refusal of such a sum still depends on the others' inputs (see ``docs/threat-model.md``).
 """
 
 from __future__ import annotations
@@ -78,37 +97,50 @@ from .base import Outgoing, Party, Reveal, ServerParty, StageGate
 from .encoding import VectorSpec, decode_sum
 from .errors import (
     AbortedError,
+    AuthenticationError,
     EncodingError,
     ForeignKeyError,
     PolicyError,
+    ReplayError,
     StageError,
     WireError,
 )
+from .identity import Directory, Identity
 from .primitives import seal as raw
+from .primitives import seal_tags as tags
 from .seal_messages import (
     KEYHOLDERS,
+    MAX_ATTEMPTS,
     MAX_CONTEXT,
     MAX_PARAMS,
     SetupParams,
     Stage,
     SumParams,
+    aggregate_digest,
     aggregate_for,
     read_aggregate,
+    read_challenge,
     read_result,
+    read_tag,
     read_upload,
+    read_verified_aggregate,
     request_digest,
+    tag_statement,
+    verified_aggregate_for,
     write_aggregate,
+    write_challenge,
     write_result,
+    write_tag,
     write_upload,
 )
 from .seal_setup import ClientKeys, Scheme, SetupClient, SetupServer
 from .session import ClientSession, ServerSession, SumRequest, as_encoded
 from .transcript import Exposure
-from .wire import SERVER, Envelope, PartyId, Reader, Writer
+from .wire import SERVER, Envelope, PartyId, Reader, Writer, party_name
 
 __all__ = [
     "MAX_KEYSETS", "ClientKeys", "Decryption", "Keyholder", "SealClient", "SealClientSession", "SealOptions",
-    "SealServer", "SealServerSession", "Stage", "SumScheme",
+    "SealServer", "SealServerSession", "Stage", "SumScheme", "TamperedAggregateError",
 ]
 
 Keyholder = Literal["agent", "all"]
@@ -124,12 +156,24 @@ class SealOptions:
     symmetric: bool
     poly_modulus_degree: int | None
     coeff_mod_bit_sizes: tuple[int, ...] | None
+    verify_aggregate: bool | None
 
     def _check_common(self) -> None:
         if self.keyholder not in KEYHOLDERS:
             raise ValueError(f"keyholder must be 'agent' or 'all', got {self.keyholder!r}")
         if not isinstance(self.symmetric, bool):
             raise TypeError(f"symmetric must be true or false, got {self.symmetric!r}")
+        if self.verify_aggregate is not None and not isinstance(self.verify_aggregate, bool):
+            raise TypeError(f"verify_aggregate must be true, false or unset, got {self.verify_aggregate!r}")
+
+    def verifies(self, directory: Directory | None) -> bool:
+        """Whether sums run verified: as the options say, else (unset) whenever the parties have
+        registered signing keys (``make_sum(..., authenticate=True)`` registers them)."""
+        verify = directory is not None if self.verify_aggregate is None else self.verify_aggregate
+        if verify and directory is None:
+            raise ValueError("verify_aggregate needs registered signing keys (make_sum(..., authenticate=True) "
+                             "or identities=True)")
+        return verify
 
     def _fix_parameters(self, scheme: str, extra: str, make: Callable[[int, tuple[int, ...], Any], Any]) -> None:
         """Set ``parameters`` when the ring, the modulus chain and the scheme's ``extra`` field are
@@ -192,6 +236,44 @@ class SumScheme(Scheme):
     (``CiphertextError``) what an honest aggregate of ``contributors`` cannot decrypt to."""
 
 
+class TamperedAggregateError(AuthenticationError):
+    """A verified aggregate does not match what its contributors attested: decided on
+    ciphertexts and signatures only, before anything is decrypted; ``culprit`` is the party the
+    evidence names (the server, which computed and relayed it)."""
+
+    def __init__(self, culprit: PartyId, message: str) -> None:
+        super().__init__(f"{party_name(culprit)}: {message}")
+        self.culprit = culprit
+
+
+def _primes(params: raw.SealParameters) -> tuple[int, ...]:
+    """The data primes fresh ciphertexts and sums live under (the special prime left out)."""
+    return raw.coeff_primes(params.poly_modulus_degree, params.coeff_mod_bit_sizes)[:-1]
+
+
+def _words(context: raw.PublicKeys, streams: list[bytes]) -> list[npt.NDArray[np.uint64]]:
+    """Coefficient words of full (checked or self-made) ciphertext streams."""
+    params = context.params
+    return [tags.coefficients(s, context.layout, degree=params.poly_modulus_degree,
+                              primes=len(params.coeff_mod_bit_sizes) - 1) for s in streams]
+
+
+def _upload_words(context: raw.PublicKeys, streams: list[bytes], sizes: list[int],
+                  seeded: bool) -> list[npt.NDArray[np.uint64]]:
+    """An upload's words as the server adds them (a seeded one expanded by loading it)."""
+    if seeded:
+        streams = [context.dump(context.load(s, size, seeded=True)) for s, size in zip(streams, sizes, strict=True)]
+    return _words(context, streams)
+
+
+def _sum_tags(values: list[npt.NDArray[np.uint64]], primes: tuple[int, ...]) -> npt.NDArray[np.uint64]:
+    total = np.zeros((tags.FUNCTIONALS, len(primes)), dtype=object)
+    for v in values:
+        total = total + v.astype(object)
+    reduced: npt.NDArray[np.uint64] = (total % np.array(primes, dtype=object)).astype(np.uint64)
+    return reduced
+
+
 def _decoded(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors: int) -> npt.NDArray[np.float64]:
     try:
         return decode_sum(spec, encoded_sum, contributors=contributors)
@@ -202,11 +284,13 @@ def _decoded(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors
 # --- parties of one sum -------------------------------------------------------------------------
 
 class SealClient(Party):
-    """A client's side of one sum: upload, and decrypt the aggregate when it holds the key."""
+    """A client's side of one sum: upload, attest its upload when the sum is verified, and
+    decrypt the aggregate when it holds the key."""
 
     def __init__(self, party_id: PartyId, *, scheme: SumScheme, run_id: bytes, spec: VectorSpec,
                  params: raw.SealParameters, keys: ClientKeys, encoded: npt.NDArray[np.uint64] | None,
-                 clients: tuple[PartyId, ...], symmetric: bool, all_symmetric: bool) -> None:
+                 clients: tuple[PartyId, ...], symmetric: bool, all_symmetric: bool,
+                 identity: Identity | None = None, directory: Directory | None = None) -> None:
         super().__init__(party_id)
         self.scheme, self.run_id, self.spec, self.params, self.keys = scheme, run_id, spec, params, keys
         self.encoded, self.clients = encoded, clients
@@ -216,6 +300,13 @@ class SealClient(Party):
         """CKKS: largest distance of a decrypted entry from its integer, i.e. the error actually met."""
         self.noise_budget: int | None = None
         """BFV: the smallest invariant noise budget (bits) among the aggregate's ciphertexts."""
+        self.identity, self.directory = identity, directory
+        self.verified = directory is not None
+        """Verified sum: this client attests its upload and, as a decryptor, decrypts only an
+        aggregate its contributors' signed tags confirm (``identity`` and ``directory`` given)."""
+        self.attempt = 0
+        self._uploaded: list[bytes] | None = None
+        self._words: list[npt.NDArray[np.uint64]] | None = None
         self.gate = StageGate(run_id, scheme.protocol, party_id)
         # A key holder learns the sum by decrypting, never from a released one it cannot check.
         self.gate.open = {Stage.AGGREGATE} if keys.secret is not None else {Stage.RESULT}
@@ -228,10 +319,14 @@ class SealClient(Party):
             streams = (secret.encrypt(self.encoded) if self.symmetric and secret is not None
                        else self.keys.public.encrypt(self.encoded))
             payload = write_upload(self.keys.public, streams)
+        if self.verified:
+            self._uploaded = streams
         env = Envelope(self.scheme.protocol, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(env, Exposure.ciphertext(self.spec.length, self.party_id))]
 
     def receive(self, env: Envelope) -> list[Outgoing]:
+        if env.stage == Stage.CHALLENGE and self.result is None and self._uploaded is not None:
+            return self._attest(env)
         self.gate.check(env, allowed_senders=[SERVER])
         if env.stage == Stage.AGGREGATE:
             return self._decrypt_aggregate(env)
@@ -242,9 +337,59 @@ class SealClient(Party):
         self.result, self.contributors = result, released.contributors
         return []
 
+    def _attest(self, env: Envelope) -> list[Outgoing]:
+        """Sign tags of this client's own upload for the aggregate the server announced."""
+        if (env.protocol, env.run_id, env.receiver, env.sender) != (self.scheme.protocol, self.run_id,
+                                                                    self.party_id, SERVER):
+            raise StageError("a challenge for another run, party or from another sender")
+        attempt, contributors, digest = read_challenge(env.payload, self.clients, self.spec.summands)
+        if attempt <= self.attempt:
+            raise ReplayError(f"challenge attempt {attempt} after attempt {self.attempt}")
+        if self.party_id not in contributors:
+            raise StageError("a challenge to a client the aggregate leaves out")
+        assert self._uploaded is not None and self.identity is not None
+        with self.timed("attest"):
+            if self._words is None:
+                seeded = self.symmetric and self.keys.secret is not None
+                self._words = _upload_words(self.keys.public, self._uploaded, self.sizes, seeded)
+            values = tags.tag(self._words, _primes(self.params), digest)
+            statement = tag_statement(self.scheme.protocol, self.run_id, self.party_id, attempt, digest, values)
+            payload = write_tag(attempt, values, self.identity.sign(statement))
+        self.attempt = attempt
+        out = Envelope(self.scheme.protocol, Stage.TAG, self.run_id, self.party_id, SERVER, payload)
+        return [Outgoing(out, Exposure.ciphertext(0, self.party_id))]
+
+    def _check_attested(self, body: bytes, streams: list[bytes], contributors: tuple[PartyId, ...], attempt: int,
+                        signed: list[tuple[npt.NDArray[np.uint64], bytes]]) -> None:
+        """The aggregate is the sum of the uploads its contributors attested, or a
+        :class:`TamperedAggregateError` naming the server: signatures and ciphertexts only."""
+        assert self.directory is not None
+        if self._uploaded is not None and self.party_id in contributors and attempt != self.attempt:
+            raise TamperedAggregateError(SERVER, f"the aggregate is of attempt {attempt}, this client attested "
+                                                 f"attempt {self.attempt}")
+        digest = aggregate_digest(self.scheme.protocol, self.run_id, attempt, body)
+        for pid, (values, signature) in zip(contributors, signed, strict=True):
+            statement = tag_statement(self.scheme.protocol, self.run_id, pid, attempt, digest, values)
+            try:
+                self.directory.verify(pid, statement, signature, what="tag")
+            except AuthenticationError as error:
+                raise TamperedAggregateError(SERVER, f"relayed an aggregate {party_name(pid)} did not attest "
+                                                     f"({error})") from None
+        primes = _primes(self.params)
+        expected = tags.tag(_words(self.keys.public, streams), primes, digest)
+        if not np.array_equal(expected, _sum_tags([v for v, _ in signed], primes)):
+            raise TamperedAggregateError(SERVER, "the aggregate is not the sum of the uploads its "
+                                                 "contributors attested")
+
     def _decrypt_aggregate(self, env: Envelope) -> list[Outgoing]:
-        release, contributors, streams = read_aggregate(env.payload, self.keys.public, self.spec, self.clients,
-                                                        len(self.sizes))
+        if self.verified:
+            release, contributors, streams, body, attempt, signed = read_verified_aggregate(
+                env.payload, self.keys.public, self.spec, self.clients, len(self.sizes), _primes(self.params))
+            with self.timed("verify"):
+                self._check_attested(body, streams, contributors, attempt, signed)
+        else:
+            release, contributors, streams = read_aggregate(env.payload, self.keys.public, self.spec, self.clients,
+                                                            len(self.sizes))
         secret = self.keys.secret
         assert secret is not None  # AGGREGATE opens only at a client holding the key
         with self.timed("finalize"):
@@ -263,11 +408,13 @@ class SealClient(Party):
 
 
 class SealServer(ServerParty):
-    """The server's side of one sum: add ciphertexts, hand the aggregate to the decryptors,
-    and (agent mode) relay the released sum to the contributors."""
+    """The server's side of one sum: add ciphertexts, (verified sums) collect each contributor's
+    signed tags of its upload, hand the aggregate to the decryptors, and (agent mode) relay the
+    released sum to the contributors."""
 
     def __init__(self, *, scheme: SumScheme, run_id: bytes, request: SumRequest, clients: tuple[PartyId, ...],
-                 context: raw.PublicKeys, agent: PartyId, shared: bool, symmetric: bool) -> None:
+                 context: raw.PublicKeys, agent: PartyId, shared: bool, symmetric: bool,
+                 directory: Directory | None = None) -> None:
         audience = request.participants if shared else (*request.participants, agent)
         super().__init__(protocol=scheme.protocol, run_id=run_id, request=request, clients=clients,
                          audience=audience)
@@ -281,25 +428,46 @@ class SealServer(ServerParty):
         self.gate.open = {Stage.UPLOAD}
         self.aggregate: list[raw.TenSealVector] | None = None
         self.stage = Stage.UPLOAD
+        self.directory = directory
+        """Verified sum (``directory`` given): the server keeps each upload until its sender
+        attested it, and sends the decryptors the signed tags beside the aggregate."""
+        self.uploads: dict[PartyId, list[bytes]] = {}
+        self.attempt = 0
+        self._body = b""
+        self._streams: list[bytes] = []
+        self._digest = b""
+        self._tags: dict[PartyId, tuple[npt.NDArray[np.uint64], bytes]] = {}
+        self._tag_gate = StageGate(run_id, scheme.protocol, SERVER)
+
+    @property
+    def verified(self) -> bool:
+        return self.directory is not None
 
     def seeded(self, sender: PartyId) -> bool:
         """Whether ``sender``'s upload is a seeded (secret-key) encryption: it holds the key."""
         return self.symmetric and (self.shared or sender == self.agent)
 
+    def _load(self, sender: PartyId, streams: list[bytes]) -> list[raw.TenSealVector]:
+        seeded = self.seeded(sender)
+        return [self.context.load(s, size, seeded=seeded) for s, size in zip(streams, self.sizes, strict=True)]
+
     def receive(self, env: Envelope) -> list[Outgoing]:
         if env.stage == Stage.UPLOAD:
             self.gate.check(env, allowed_senders=self.participants)
-            seeded = self.seeded(env.sender)
             with self.timed("aggregate"):
                 streams = read_upload(env.payload, self.context, len(self.sizes))
-                vectors = [self.context.load(s, size, seeded=seeded) for s, size in zip(streams, self.sizes, strict=True)]
+                vectors = self._load(env.sender, streams)
                 if self.aggregate is None:
                     self.aggregate = vectors
                 else:
                     self.context.add_into(self.aggregate, vectors)
             self.gate.record(env)
+            if self.verified:
+                self.uploads[env.sender] = streams
             self.contributors = tuple(sorted(self.gate.senders(Stage.UPLOAD)))
             return []
+        if env.stage == Stage.TAG:
+            return self._receive_tag(env)
         self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
         released = read_result(env.payload, self.spec, self.clients)
         if released.contributors != self.contributors:
@@ -315,11 +483,83 @@ class SealServer(ServerParty):
         return [Outgoing(Envelope(self.protocol, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
                 for pid in waiting]
 
+    def _receive_tag(self, env: Envelope) -> list[Outgoing]:
+        self._tag_gate.check(env, allowed_senders=self.contributors)
+        attempt, values, signature = read_tag(env.payload, _primes(self.context.params))
+        if attempt != self.attempt:
+            raise StageError(f"{party_name(env.sender)} attested attempt {attempt}, the challenge is {self.attempt}")
+        assert self.directory is not None
+        statement = tag_statement(self.protocol, self.run_id, env.sender, attempt, self._digest, values)
+        self.directory.verify(env.sender, statement, signature, what="tag")
+        self._tag_gate.record(env)
+        self._tags[env.sender] = (values, signature)
+        return []
+
     def advance(self) -> list[Outgoing]:
-        if self.stage != Stage.UPLOAD:
-            raise AbortedError("the key holder did not release the sum (lost or refused)")
-        if self.aggregate is None:
-            raise AbortedError("no client uploaded")
+        if self.stage == Stage.UPLOAD:
+            if self.aggregate is None:
+                raise AbortedError("no client uploaded")
+            return self._challenge() if self.verified else self._send_aggregate()
+        if self.stage == Stage.CHALLENGE:
+            return self._conclude_challenge()
+        raise AbortedError("the key holder did not release the sum (lost or refused)")
+
+    def _dump(self) -> bytes:
+        assert self.aggregate is not None
+        self._streams = [self.context.dump(v) for v in self.aggregate]
+        return write_aggregate(self.context, self.contributors, self.clients, self._streams)
+
+    def _challenge(self) -> list[Outgoing]:
+        """Announce the aggregate's digest; each contributor answers with signed tags of its upload."""
+        self.attempt += 1
+        if self.attempt > MAX_ATTEMPTS:
+            raise AbortedError(f"no aggregate its contributors all attest after {MAX_ATTEMPTS} challenges")
+        self.stage = Stage.CHALLENGE
+        self.gate.open = set()
+        self._body = self._dump()
+        self._digest = aggregate_digest(self.protocol, self.run_id, self.attempt, self._body)
+        self._tags = {}
+        self._tag_gate = StageGate(self.run_id, self.protocol, SERVER)
+        self._tag_gate.open = {Stage.TAG}
+        payload = write_challenge(self.attempt, self.contributors, self.clients, self._digest)
+        return [Outgoing(Envelope(self.protocol, Stage.CHALLENGE, self.run_id, SERVER, pid, payload),
+                         Exposure.public()) for pid in self.contributors]
+
+    def _conclude_challenge(self) -> list[Outgoing]:
+        """Every contributor attested the aggregate: send it on. Otherwise leave out those that
+        did not answer or whose tags do not match their upload, re-add the rest and challenge again."""
+        primes = _primes(self.context.params)
+        self._tag_gate.open = set()
+        missing = [pid for pid in self.contributors if pid not in self._tags]
+        wrong: list[PartyId] = []
+        if not missing:
+            with self.timed("verify"):
+                expected = tags.tag(_words(self.context, self._streams), primes, self._digest)
+                if np.array_equal(expected, _sum_tags([v for v, _ in self._tags.values()], primes)):
+                    return self._send_aggregate()
+                wrong = [pid for pid in self.contributors
+                         if not np.array_equal(self._tags[pid][0], tags.tag(
+                             _upload_words(self.context, self.uploads[pid], self.sizes, self.seeded(pid)),
+                             primes, self._digest))]
+            if not wrong:
+                raise AbortedError("the aggregate does not match its contributors' tags, though each tag matches "
+                                   "its upload")
+        for pid in missing:
+            self.excluded[pid] = self.rejected_from.get(pid) or "no tag: it did not attest its upload"
+        for pid in wrong:
+            self.excluded[pid] = "its tag does not match its upload"
+        left = [pid for pid in self.contributors if pid not in missing and pid not in wrong]
+        if not left:
+            raise AbortedError("no contributor attested its upload")
+        aggregate = self._load(left[0], self.uploads[left[0]])
+        for pid in left[1:]:
+            self.context.add_into(aggregate, self._load(pid, self.uploads[pid]))
+        self.aggregate, self.contributors = aggregate, tuple(left)
+        for pid in missing + wrong:
+            self.uploads.pop(pid, None)
+        return self._challenge()
+
+    def _send_aggregate(self) -> list[Outgoing]:
         self.stage = Stage.AGGREGATE
         self.gate.open = set()
         # The agent decrypts and releases (a lost agent aborts the run). With a shared key the
@@ -331,12 +571,19 @@ class SealServer(ServerParty):
             first = self.contributors[0]
             self.decryptors = self.contributors if self.reveal.clients else (first,)
             self.releaser = first if self.reveal.server else None
-        body = write_aggregate(self.context, self.contributors, self.clients,
-                               [self.context.dump(v) for v in self.aggregate])
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
-        out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
-                                 aggregate_for(body, release=pid == self.releaser)), exposure)
-               for pid in self.decryptors]
+        if self.verified:
+            signed = [self._tags[pid] for pid in self.contributors]
+            self.uploads.clear()
+            out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
+                                     verified_aggregate_for(self._body, release=pid == self.releaser,
+                                                            attempt=self.attempt, signed=signed)), exposure)
+                   for pid in self.decryptors]
+        else:
+            body = self._dump()
+            out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
+                                     aggregate_for(body, release=pid == self.releaser)), exposure)
+                   for pid in self.decryptors]
         if self.releaser is not None:
             self.gate.open = {Stage.RESULT}
         else:
@@ -430,11 +677,14 @@ class SealServerSession(ServerSession):
         if keyset is None:
             raise AbortedError(f"no {self.name.upper()} keys for {params}: run the set-up first")
         context, agent = keyset
+        verified = self.options.verifies(self.directory)
         request = dataclasses.replace(request, session=self.tag)
-        run = SumParams(params.to_bytes(), context.fingerprint, agent, request_digest(self.name, request, self.clients))
+        run = SumParams(params.to_bytes(), context.fingerprint, agent, request_digest(self.name, request, self.clients),
+                        verified)
         request = dataclasses.replace(request, params=run.to_bytes())
         return SealServer(scheme=self.scheme, run_id=run_id, request=request, clients=self.clients, context=context,
-                          agent=agent, shared=self.options.keyholder == "all", symmetric=self.options.symmetric)
+                          agent=agent, shared=self.options.keyholder == "all", symmetric=self.options.symmetric,
+                          directory=self.directory if verified else None)
 
     def tolerance(self, spec: VectorSpec, contributors: int) -> float:
         """Encoding rounding only, ``n * 2**-(frac_bits+1)`` (0 for integers): the decrypted sum is
@@ -489,10 +739,18 @@ class SealClientSession(ClientSession):
             raise StageError(f"the run names agent {run.agent}, this client's keys came from {keys.agent}")
         if not hmac.compare_digest(run.request_digest, request_digest(self.name, request, self.clients)):
             raise WireError("the run's request does not match its digest (altered in transit)")
+        try:
+            verified = self.options.verifies(self.directory)
+        except ValueError as error:
+            raise PolicyError(str(error)) from None
+        if run.verified != verified:
+            raise PolicyError(f"the run's aggregate is {'' if run.verified else 'not '}verified; this client's "
+                              f"options say {'verify' if verified else 'do not verify'} (verify_aggregate)")
         return self.client_party(
             self.party_id, scheme=self.scheme, run_id=run_id, spec=request.spec, params=derived, keys=keys,
             encoded=as_encoded(values, request.spec), clients=self.clients, symmetric=self.options.symmetric,
-            all_symmetric=self.options.all_symmetric)
+            all_symmetric=self.options.all_symmetric, identity=self.identity if verified else None,
+            directory=self.directory if verified else None)
 
     def to_bytes(self) -> bytes:
         """Version, then per key set (oldest first): its parameters, the agent, the public context
