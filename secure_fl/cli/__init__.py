@@ -33,6 +33,7 @@ COMMANDS = {
     "partition": "split a dataset among clients and report class imbalance",
     "select": "client-selection study (random, greedy, Dubhe) without training",
     "dp-check": "empirically check the distributed-DP noisy sum (ε lower bound)",
+    "deploy": "run a config on a Flower federation of separate processes (SuperLink + SuperNodes)",
 }
 """Subcommands, in help order, with their one-line help (each module's ``register`` gives the same)."""
 

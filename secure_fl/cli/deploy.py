@@ -1,0 +1,270 @@
+"""``secure-fl deploy local CONFIG --nodes N``: a config's runs on a Flower federation of separate
+processes on this machine (one SuperLink, N SuperNodes, loopback), with ``--tls`` over TLS with
+node authentication, with ``--kill NODE@ROUND[:STAGE]`` a node SIGKILLed at that point.
+
+Prints the tables of ``secure-fl run`` plus a deployment table, or with ``--json`` the same
+object with, per run, ``"engine": "flower"``, ``"dropouts"`` (``{"count", "parties", "by_round",
+"killed"}``: the clients the server counted as lost, in all and per round, and the nodes
+``--kill`` hit)
+and ``"flower"`` (Flower's run id and status, its own byte count beside the transcript's, per
+round the wall time, round trips, time waiting on Flower's polling and its share, per stage).
+The runs go to the run store (``--store DIR``, default ``$SECURE_FL_WORKSPACE`` or ``./runs``)
+in one batch, as ``secure-fl run`` stores them. Every process started is stopped by PID when
+the command ends, however it ends. Errors: one line; exit 2 for a bad command line or config
+(``--nodes`` other than the runs' clients, a malformed ``--kill``, Flower not installed), 1 when
+the federation or a run fails (a port that cannot be bound, a node that does not start).
+See docs/deployment.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("secure_fl.cli")
+
+__all__ = ["register", "run"]
+
+ENGINE = "flower"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "deploy",
+        help="run a config on a Flower federation of separate processes (SuperLink + SuperNodes)",
+        description="Run a config's runs on Flower's deployment engine: separate processes that "
+                    "talk only through the SuperLink.",
+    )
+    where = parser.add_subparsers(dest="where", metavar="WHERE", required=True)
+    local = where.add_parser(
+        "local", help="one SuperLink and N SuperNodes as processes on this machine (loopback)",
+        description="Start one SuperLink and N SuperNodes on loopback (free ports, a temporary Flower home), "
+                    "run every run of CONFIG as a Flower run, store it, print the results, stop every process.")
+    local.add_argument("config", metavar="CONFIG", help="experiment config (TOML), e.g. experiments/deploy/smoke.toml")
+    local.add_argument("--nodes", type=_positive, required=True, metavar="N",
+                       help="SuperNodes to start, one per client (partition-id 0..N-1): the config's clients")
+    local.add_argument("--tls", action="store_true",
+                       help="TLS with a generated CA and SuperLink certificate, and node authentication "
+                            "(each node's key registered with the SuperLink)")
+    local.add_argument("--kill", action="append", type=_kill, default=[], metavar="NODE@ROUND[:STAGE]",
+                       help="SIGKILL node NODE in ROUND (1-based) when STAGE is sent, or without a stage while "
+                            "it trains; in every run (a killed node is started again before the next); repeatable")
+    local.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    local.add_argument("--store", "--workspace", dest="store", metavar="DIR",
+                       help="where the run store lives (default: $SECURE_FL_WORKSPACE or ./runs)")
+    local.add_argument("--set", action="append", type=_assignment, default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a config value in every run (as for `secure-fl run`)")
+    local.add_argument("--stage-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                       help="seconds a stage waits for replies before silent nodes count as dropped "
+                            "(default: the config's [runtime] stage_timeout)")
+    local.add_argument("--keep", metavar="DIR",
+                       help="work in DIR and keep it (Flower home, certificates, keys, logs) instead of a "
+                            "temporary directory")
+    parser.set_defaults(func=run)
+    local.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected positive seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected positive seconds, got {text!r}")
+    return value
+
+
+def _kill(text: str) -> Any:
+    from secure_fl.flower.deploy.kill import KillSpecError, parse_kill
+
+    try:
+        return parse_kill(text)
+    except KillSpecError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected SECTION.KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def run(args: argparse.Namespace) -> int:
+    from secure_fl.cli import ensure_logging, program
+
+    ensure_logging()
+    from secure_fl.config import ConfigError, load_config
+    from secure_fl.store import RunStore, StoreError
+
+    overrides = [*args.set, ("runtime.engine", ENGINE)]
+    try:
+        experiment = load_config(args.config, overrides=overrides)
+        for run_config in experiment.runs:
+            clients = run_config.data.num_clients
+            if args.nodes != clients:
+                raise ConfigError(f"--nodes {args.nodes}: each node holds one client and "
+                                  f"{run_config.name}{f' ({run_config.label})' if run_config.label else ''} "
+                                  f"has {clients} clients; use --nodes {clients}")
+            for spec in args.kill:
+                spec.check(nodes=args.nodes, rounds=run_config.train.rounds)
+        from secure_fl.flower.deploy.local import flower_executable
+
+        for name in ("flower-superlink", "flower-supernode", "flwr"):
+            flower_executable(name)
+        store = RunStore.open_workspace(args.store)
+    except (ConfigError, StoreError, ValueError) as error:
+        log.error("%s", error)
+        return 2
+    except RuntimeError as error:  # FlowerMissing
+        log.error("%s", error)
+        return 2
+    from secure_fl.runtime.runner import describe_run, summarize
+
+    try:
+        with store:
+            _, run_ids = store.create_batch(name=experiment.name, source=str(args.config),
+                                            runs=[describe_run(c) for c in experiment.runs])
+    except StoreError as error:
+        log.error("%s", error)
+        return 2
+    try:
+        outcomes = _deploy(args, experiment, run_ids, store.path, overrides)
+    except KeyboardInterrupt:
+        log.error("interrupted; every process was stopped. The stored runs can be continued with: %s run %s "
+                  "--resume %s --set runtime.engine=flower%s", program(), args.config, run_ids[0],
+                  f" --workspace {args.store}" if args.store else "")
+        raise
+    except RuntimeError as error:  # DeployError: the federation did not start or a run broke
+        log.error("%s", error)
+        return 1
+    with RunStore(store.path) as reader:
+        summaries = [summarize(reader, run_id) for run_id in run_ids]
+    failed = [s for s in summaries if s.status != "done"]
+    runs = [_run_json(summary, outcomes.get(summary.id)) for summary in summaries]
+    if args.json:
+        json.dump({"engine": ENGINE, "runs": runs}, sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        from secure_fl.cli.run import format_rounds, format_summary
+
+        for summary in summaries:
+            if summary.history:
+                print(format_rounds(summary), end="\n\n")
+        print(format_summary(summaries), end="\n\n")
+        print(_deploy_table(runs))
+        print(f"\nstored in {store.path}; list runs with: {program()} runs"
+              f"{f' --workspace {args.store}' if args.store else ''}")
+    if failed:
+        log.error("%d of %d runs did not finish (%s); the reasons are above and in `%s runs`", len(failed),
+                  len(summaries), ", ".join(f"{s.id}: {s.error or s.status}" for s in failed), program())
+        return 1
+    return 0
+
+
+def _deploy(args: argparse.Namespace, experiment: Any, run_ids: list[str], store_path: Path,
+            overrides: list[tuple[str, str]]) -> dict[str, Any]:
+    """Start the federation, play every run on it, stop it; Flower's view of each run by store id."""
+    from secure_fl.flower.deploy.local import DeployOptions, LocalFederation
+    from secure_fl.flower.deploy.processes import Terminated, terminate_on_signals
+
+    options = DeployOptions(nodes=args.nodes, tls=args.tls, keep=Path(args.keep) if args.keep else None)
+    outcomes: dict[str, Any] = {}
+    try:
+        with terminate_on_signals(), LocalFederation(options) as federation:
+            for index, (run_id, config) in enumerate(zip(run_ids, experiment.runs)):
+                restarted = federation.restart_dead_nodes()
+                if restarted:
+                    log.info("nodes %s started again for the next run", restarted)
+                timeout = args.stage_timeout or config.runtime.stage_timeout
+                events = federation.work / f"events-{index}.jsonl"
+                log.info("run %s (%d/%d) on the federation: %s, %d rounds", run_id, index + 1, len(run_ids),
+                         config.method.name, config.train.rounds)
+                outcome = federation.run({
+                    "config-path": str(Path(args.config).resolve()),
+                    "run-index": index,
+                    "run-id": run_id,
+                    "store-path": str(store_path),
+                    "stage-timeout": float(timeout),
+                    "overrides": json.dumps([list(o) for o in overrides]),
+                    "events-path": str(events),
+                }, events=events, kills=args.kill, timeout=_run_timeout(config, timeout))
+                outcomes[run_id] = outcome
+                if not outcome.ok:
+                    log.error("run %s: Flower reports %s; the ServerApp's last line: %s", run_id, outcome.status,
+                              _last_line(outcome.log))
+            if federation.left_behind:
+                raise RuntimeError(f"processes left after teardown: {federation.left_behind}")
+    except Terminated as signal_name:
+        log.error("stopped by %s; every process was stopped", signal_name)
+        raise KeyboardInterrupt from None
+    return outcomes
+
+
+def _run_timeout(config: Any, stage_timeout: float) -> float:
+    """A bound on one run, for a hung federation only: set-up, then every round's exchanges
+    (at most 8 with masking's recovery) each waiting at most a stage timeout, plus training."""
+    return 300.0 + float(config.train.rounds) * (8 * stage_timeout + 120.0)
+
+
+def _last_line(text: str) -> str:
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else "(no output)"
+
+
+def _run_json(summary: Any, outcome: Any) -> dict[str, Any]:
+    out: dict[str, Any] = summary.as_json()
+    out["engine"] = ENGINE
+    dropped = outcome.dropped if outcome is not None else {}
+    parties = sorted({p for lost in dropped.values() for p in lost})
+    out["dropouts"] = {"count": len(parties), "parties": parties,
+                       "by_round": {str(r): lost for r, lost in dropped.items() if lost},
+                       "killed": [k["node"] for k in outcome.kills if k["time"] is not None] if outcome else []}
+    if outcome is not None:
+        rounds = outcome.rounds
+        out["flower"] = {
+            "run_id": outcome.run_id, "status": outcome.status, "seconds": outcome.seconds,
+            "bytes": outcome.flower_bytes, "transcript_bytes": summary.bytes_total,
+            "rounds": rounds, "kills": outcome.kills,
+            "round_trips": max((r["round_trips"] for r in rounds), default=0),
+            "waiting_share": (sum(r["waiting"] for r in rounds) / sum(r["wall"] for r in rounds)
+                              if rounds and sum(r["wall"] for r in rounds) > 0 else None),
+        }
+    return out
+
+
+def _deploy_table(runs: list[dict[str, Any]]) -> str:
+    from secure_fl.cli.run import text_table
+
+    rows = []
+    for r in runs:
+        flower = r.get("flower") or {}
+        rounds = flower.get("rounds") or []
+        walls = [x["wall"] for x in rounds]
+        share = flower.get("waiting_share")
+        fb = (flower.get("bytes") or {}).get("total")
+        rows.append([r["id"], r["status"], str(r["dropouts"]["count"]),
+                     ",".join(map(str, r["dropouts"]["killed"])) or "-",
+                     "/".join(str(x["round_trips"]) for x in rounds) or "-",
+                     f"{sum(walls) / len(walls):.1f}" if walls else "-",
+                     f"{100 * share:.0f}%" if share is not None else "-",
+                     f"{fb:,}" if fb is not None else "-", f"{r['bytes']['total']:,}"])
+    return text_table(["run", "status", "dropouts", "killed", "round trips", "s/round", "polling",
+                       "Flower bytes", "transcript bytes"], rows)
