@@ -51,10 +51,11 @@ from secure_fl.runtime.build import (
     statistics_plan,
 )
 from secure_fl.runtime.messages import run_digest
+from secure_fl.runtime.mitigation import run_privacy
 from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.rng import Seeds
 from secure_fl.selection import make_selection
-from secure_fl.stats import StatisticsPlan, StatisticsPrivacy
+from secure_fl.stats import StatisticsPlan
 
 __all__ = ["NodeHost", "NodeState", "handle"]
 
@@ -135,9 +136,7 @@ def _build_parts(config: RunConfig, *, data_path: str | None) -> _RunParts:
     clients = client_data(dataset, indices, device=device)
     model = initial_model(config, dataset, device=device)
     selection = make_selection(config.selection.name, config.selection.params)
-    privacy = config.privacy
-    noised = StatisticsPrivacy(statistics=privacy.statistics, rounds=config.train.rounds, seed=config.seed) \
-        if privacy.statistics else None
+    noised = run_privacy(config)
     training = local_training(config)
     trainer = LocalTrainer(model, training=training, loss=make_loss(config.loss.name, config.loss.params))
     plan = statistics_plan(config, selection, dimension=trainer.layout.dimension, privacy=noised)

@@ -32,13 +32,15 @@ from secure_fl.losses import make_loss
 from secure_fl.privacy import RUN, formal_guarantees
 from secure_fl.runtime.build import held_out, initial_model, local_training, prepare_partition, statistics_plan
 from secure_fl.runtime.messages import run_digest
+from secure_fl.runtime.mitigation import mitigated_selection, run_privacy
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.server import Mailbox, ServerLoop
 from secure_fl.runtime.simulation import RoundResult
 from secure_fl.selection import make_selection
 from secure_fl.snapshots import dump_state, load_state
-from secure_fl.stats import StatisticsPlan, StatisticsPrivacy
+from secure_fl.stats import StatisticsPlan
 from secure_fl.stats.coordinator import StatsCoordinator
+from secure_fl.stats.noise import DEFAULT_STATISTIC
 from secure_fl.stats.updates import UpdateSum
 from secure_fl.store import Checkpoint, RoundPrivacy, StoreError
 
@@ -81,10 +83,10 @@ class FlowerServer:
                                loss=make_loss(config.loss.name, config.loss.params))
         selection = make_selection(config.selection.name, config.selection.params)
         privacy = config.privacy
-        noised = StatisticsPrivacy(statistics=privacy.statistics, rounds=config.train.rounds, seed=config.seed) \
-            if privacy.statistics else None
+        noised = run_privacy(config)
         self.plan: StatisticsPlan = statistics_plan(config, selection, dimension=trainer.layout.dimension,
                                                     privacy=noised)
+        selection = mitigated_selection(selection, self.plan.policy)
         assert self.plan.updates is not None
         self.method = make_algorithm(config.method.name, config.method.params)
         self.info = RunInfo(num_clients=config.data.num_clients, num_classes=dataset.num_classes,
@@ -94,7 +96,8 @@ class FlowerServer:
         stats = StatsCoordinator(self.plan, mailbox)
         for (protocol, tag), options in selection.sessions().items():
             stats.add_session(protocol, tag, options)
-        self.privacy_delta = privacy.reporting_delta if privacy.enabled else 1e-5
+        self.privacy_delta = privacy.reporting_delta if privacy.enabled else (
+            noised.statistics[DEFAULT_STATISTIC].delta if noised is not None else 1e-5)
         self.server = ServerLoop(
             info=self.info, method=self.method.server(self.info), selection=selection, stats=stats,
             updates=UpdateSum(stats, self.plan.updates, device=device), mailbox=mailbox, model=trainer,
