@@ -232,6 +232,20 @@ def read_verified_aggregate(payload: bytes, context: raw.PublicKeys, spec: Vecto
     return bool(release), contributors, streams, body, attempt, signed
 
 
+def release_statement(protocol: str, run_id: bytes, releaser: PartyId, result: bytes) -> bytes:
+    """What a releaser signs in a verified sum: its result payload, for this run; the server relays
+    payload and signature unchanged, so the contributors check the key holder's own word."""
+    return b"".join((b"secure-fl/seal-release\x00", protocol.encode(), b"\x00", run_id,
+                     releaser.to_bytes(4, "big"), hashlib.sha256(result).digest()))
+
+
+def split_signed(payload: bytes) -> tuple[bytes, bytes]:
+    """A signed result: the result payload, then the releaser's 64-byte signature."""
+    if len(payload) <= SIGNATURE_BYTES:
+        raise WireError("a signed result is too short to hold a signature")
+    return payload[:-SIGNATURE_BYTES], payload[-SIGNATURE_BYTES:]
+
+
 # --- run parameters (SumRequest.params) ---------------------------------------------------
 
 @dataclass(frozen=True)

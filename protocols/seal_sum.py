@@ -124,7 +124,9 @@ from .seal_messages import (
     read_tag,
     read_upload,
     read_verified_aggregate,
+    release_statement,
     request_digest,
+    split_signed,
     tag_statement,
     verified_aggregate_for,
     write_aggregate,
@@ -330,7 +332,17 @@ class SealClient(Party):
         self.gate.check(env, allowed_senders=[SERVER])
         if env.stage == Stage.AGGREGATE:
             return self._decrypt_aggregate(env)
-        released = read_result(env.payload, self.spec, self.clients)
+        payload = env.payload
+        if self.verified:
+            assert self.directory is not None
+            payload, signature = split_signed(payload)
+            statement = release_statement(self.scheme.protocol, self.run_id, self.keys.agent, payload)
+            try:
+                self.directory.verify(self.keys.agent, statement, signature, what="release")
+            except AuthenticationError as error:
+                raise TamperedAggregateError(SERVER, f"relayed a result the key holder did not release ({error})") \
+                    from None
+        released = read_result(payload, self.spec, self.clients)
         result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
         self.gate.open = set()
@@ -402,8 +414,12 @@ class SealClient(Party):
         self.decryption_error, self.noise_budget = decryption.error, decryption.budget
         if not release:
             return []
-        out = Envelope(self.scheme.protocol, Stage.RESULT, self.run_id, self.party_id, SERVER,
-                       write_result(contributors, decryption.encoded_sum, self.clients))
+        payload = write_result(contributors, decryption.encoded_sum, self.clients)
+        if self.verified:
+            assert self.identity is not None
+            payload += self.identity.sign(release_statement(self.scheme.protocol, self.run_id, self.party_id,
+                                                            payload))
+        out = Envelope(self.scheme.protocol, Stage.RESULT, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(out, Exposure.aggregate(len(contributors), self.spec.length))]
 
 
@@ -469,7 +485,12 @@ class SealServer(ServerParty):
         if env.stage == Stage.TAG:
             return self._receive_tag(env)
         self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
-        released = read_result(env.payload, self.spec, self.clients)
+        body = env.payload
+        if self.directory is not None:
+            body, signature = split_signed(body)
+            statement = release_statement(self.protocol, self.run_id, env.sender, body)
+            self.directory.verify(env.sender, statement, signature, what="release")
+        released = read_result(body, self.spec, self.clients)
         if released.contributors != self.contributors:
             raise StageError("the key holder released a sum over other contributors than were aggregated")
         result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
@@ -478,7 +499,7 @@ class SealServer(ServerParty):
         self.result = result
         self.finished = True
         waiting = [pid for pid in self.contributors if pid not in self.decryptors] if self.reveal.clients else []
-        payload = write_result(self.contributors, released.encoded_sum, self.clients)
+        payload = env.payload  # relayed unchanged: verified, it carries the releaser's signature
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         return [Outgoing(Envelope(self.protocol, Stage.RESULT, self.run_id, SERVER, pid, payload), exposure)
                 for pid in waiting]

@@ -6,6 +6,7 @@ receives a single upload."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,16 @@ import pytest
 pytest.importorskip("tenseal")
 
 from protocols import SERVER, AbortedError, DropoutPlan, LocalNetwork, Reveal, VectorSpec, make_sum
+from protocols.base import Outgoing
 from protocols.errors import AuthenticationError
 from protocols.primitives import seal_tags
-from protocols.seal_messages import Stage, read_upload, read_verified_aggregate
+from protocols.seal_messages import (
+    Stage,
+    read_result,
+    read_upload,
+    read_verified_aggregate,
+    write_result,
+)
 from protocols.seal_sum import SealClient, SealServer, TamperedAggregateError, _primes
 from protocols.session import SumRequest
 
@@ -279,3 +287,49 @@ def test_tags_are_linear_and_reveal_nothing_the_ciphertext_did_not() -> None:
     tb = seal_tags.tag(_words(keys.public, b), primes, digest)
     assert np.array_equal(summed, (ta.astype(object) + tb.astype(object)) % primes[0])
     assert Stage.CHALLENGE == 9 and Stage.TAG == 10
+
+
+class RelayingLiar(SealServer):
+    """Relays the agent's release to the other contributors with every entry raised by one."""
+
+    def receive(self, env: Any) -> Any:
+        out = super().receive(env)
+        if env.stage != Stage.RESULT:
+            return out
+        body = env.payload[:-64] if self.verified else env.payload
+        released = read_result(body, self.spec, self.clients)
+        forged = write_result(released.contributors, released.encoded_sum + np.uint64(1), self.clients)
+        forged += env.payload[-64:] if self.verified else b""
+        return [Outgoing(dataclasses.replace(o.envelope, payload=forged), o.exposure) for o in out]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_release_relayed_by_the_server_carries_the_key_holders_signature(verify: bool) -> None:
+    """Agent mode: the server relays the agent's released sum to the other contributors. Verified,
+    the agent signs it and a contributor refuses a changed one (naming the server); unverified, a
+    contributor takes the server's word."""
+    session = make_sum("ckks", clients=range(N), authenticate=True, verify_aggregate=verify)
+    original = session.server.open
+
+    def open_(*, run_id: bytes, request: SumRequest) -> Any:
+        party = original(run_id=run_id, request=request)
+        party.__class__ = RelayingLiar
+        return party
+
+    session.server.open = open_
+    inputs = inputs_for(9)
+    truth = plain(inputs, range(N))
+    if not verify:  # only the harness, which sees every party, notices
+        with pytest.raises(AbortedError, match="parties learned different sums"):
+            session.sum(inputs, spec=SPEC)
+        others = [p for pid, p in session.parties().items() if pid != session.server.agent]
+        assert all(np.array_equal(p.result, truth + 1) for p in others)  # a wrong sum, believed
+        return
+    out = session.sum(inputs, spec=SPEC)
+    assert np.array_equal(out.total, truth)  # what the server learned
+    others = [p for pid, p in session.parties().items() if pid != session.server.agent]
+    assert all(p.result is None for p in others)
+    refusals = [r for r in out.rejected if "refused" in r]
+    assert len(refusals) == N - 1
+    assert all("TamperedAggregateError: server: relayed a result the key holder did not release" in r
+               for r in refusals)
