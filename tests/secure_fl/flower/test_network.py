@@ -55,9 +55,12 @@ def config() -> RunConfig:
 
 
 def _key(transcript: Any) -> list[tuple[Any, ...]]:
-    """Transcript entries without the run ids (drawn at random per run)."""
-    return [(e.round, e.protocol, e.stage, e.sender, e.receiver, e.statistic, e.bytes, e.visibility, e.k,
-             e.dimension, e.owner) for e in transcript]
+    """Transcript entries without the run ids (drawn at random per run), in a canonical order: the
+    embedded engine may deliver a whole cohort's training messages before it collects any reply
+    (its client pool), so only the order within an exchange may differ."""
+    entries = [(e.round, e.protocol, e.stage, e.sender, e.receiver, e.statistic, e.bytes, e.visibility, e.k,
+                e.dimension, e.owner) for e in transcript]
+    return sorted(entries, key=repr)
 
 
 def embedded(config: RunConfig, interceptor: Callable[[bytes, Message], bytes | None] | None = None
