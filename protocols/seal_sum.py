@@ -677,10 +677,15 @@ class SealServerSession(ServerSession):
         return self.options.parameters_for(spec)
 
     def public_parameters(self, spec: VectorSpec) -> dict[str, Any]:
-        """The chosen parameters of a sum of ``spec``, as plain data (reports, ``sum --json``)."""
+        """The chosen parameters of a sum of ``spec``, as plain data (reports, ``sum --json``), and
+        whether its aggregate is verified (``verify_aggregate`` resolved)."""
         params = self.parameters(spec)
         out = {name: list(value) if isinstance(value, tuple) else value for name, value in vars(params).items()}
         out["ciphertexts"] = params.chunks(spec.length)
+        try:
+            out["verified"] = self.options.verifies(self.directory)
+        except ValueError:  # verify_aggregate=True without registered keys: open() refuses the sum
+            out["verified"] = False
         return out
 
     def check(self, *, spec: VectorSpec, reveal: Reveal) -> None:
