@@ -13,7 +13,10 @@ line per round otherwise), a table of per-round metrics for every run and a summ
 ``protocol`` is the run's default for statistics and ``update_protocol`` the model updates';
 ``statistics`` says which protocol each statistic actually went through, what its messages
 cost and how many of its summed values its contributors clipped (``null`` when not counted:
-noised).
+noised). ``engine`` is where the parties ran (``--engine``, else ``[runtime] engine``) and
+``dropouts`` (``{"count", "parties", "by_round"}``) the clients a distributed engine's server
+counted as lost; the network's cost per round (round trips, Flower bytes against the
+transcript's, seconds per stage) is in ``metrics`` under ``net.`` names (docs/flower-engine.md).
 
 plus, only when the run used DP, ``"privacy": {"epsilon", "delta", ...}`` (the worst
 client's DP-SGD ε so far) and, only when the method reports round metrics,
@@ -96,15 +99,20 @@ def _dispatch(store: Any, run_id: str, config: Any, **options: Any) -> Any:
 
 
 def engine_fields(store: Any, summary: Any) -> dict[str, Any]:
-    """The run's engine and the clients that dropped out (round, client), for ``--json``."""
+    """``--json``'s ``engine`` and ``dropouts``: ``{"count", "parties", "by_round"}``, the clients a
+    distributed engine's server counted as lost (its ``net.dropout.<client>`` round metrics), in all
+    and per round (``secure-fl deploy`` adds ``killed``)."""
     config = store.run(summary.id).config
     runtime = config.get("runtime") if isinstance(config, dict) else None
     engine = runtime.get("engine", "embedded") if isinstance(runtime, dict) else "embedded"
     prefix = "net.dropout."
-    dropouts = [{"round": row.round, "client": int(name[len(prefix):])}
-                for row in summary.history for name in sorted(row.metrics, key=lambda n: (len(n), n))
-                if name.startswith(prefix) and name[len(prefix):].isdigit()]
-    return {"engine": engine, "dropouts": dropouts}
+    by_round: dict[str, list[int]] = {}
+    for row in summary.history:
+        lost = sorted(int(n[len(prefix):]) for n in row.metrics if n.startswith(prefix) and n[len(prefix):].isdigit())
+        if lost:
+            by_round[str(row.round)] = lost
+    parties = sorted({p for lost in by_round.values() for p in lost})
+    return {"engine": engine, "dropouts": {"count": len(parties), "parties": parties, "by_round": by_round}}
 
 
 def format_value(value: Any, spec: str = ".4f") -> str:
