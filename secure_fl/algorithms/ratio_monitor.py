@@ -98,7 +98,7 @@ def monitor_total_declaration(bound: int = 2**24) -> StatisticDeclaration:
     """The round's total sample count, learned by the server alone (Eq. 7 needs only the total)."""
     return StatisticDeclaration(
         name=MONITOR_TOTAL, length=1, bound=int(bound), kind="int", learners=frozenset({"server"}),
-        per_round=True,
+        per_round=True, record_sensitivity=1,
         description=(
             "Ratio Loss monitor: Σ_j |D_j| over the round's clients, for Eq. 7. The paper has each "
             "client upload its own count; here the server learns the total only. The bound is a "

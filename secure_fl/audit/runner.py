@@ -66,6 +66,8 @@ class CellResult:
     mitigation: str = "none"
     epsilon: float | None = None
     """The run's composed ε per client (the accountant's ``run`` entry); ``None``: no formal bound (∞)."""
+    epsilon_delta: float | None = None
+    """The δ of :attr:`epsilon`: the sum of the noised statistics' δ (each charges its own failures)."""
     tail_accuracy: float | None = None
     """Mean test accuracy of the global model over the run's last ``tail_rounds`` rounds."""
     accuracy_delta: float | None = None
@@ -102,6 +104,7 @@ class CellResult:
             "status": self.status,
             "reason": self.reason,
             "epsilon": self.epsilon,
+            "epsilon_delta": self.epsilon_delta,
             "utility": {"tail_accuracy": self.tail_accuracy, "delta": self.accuracy_delta},
             "selection_cost": dict(self.selection_cost),
             "server_plaintext_bytes_per_client": None if s is None else s.server_plaintext_bytes_per_client,
@@ -316,13 +319,13 @@ def _audit_cell(method: str, protocol: str, settings: AuditSettings, *, dataset:
             notes.append(f"{attack.__name__} failed: {type(error).__name__}: {error}")
     static = {n for n in model.declarations if model.count_map(n) is not None}
     dp = _dp_guarantees(sim)
-    run_epsilon = [d["epsilon"] for d in dp if d["scope"] == "run" and d["epsilon"] is not None]
-    epsilon = float(run_epsilon[0]) if run_epsilon and np.isfinite(run_epsilon[0]) else None
+    epsilon, epsilon_delta = _run_epsilon(sim)
     tail = [a for a in run.accuracy if np.isfinite(a)]
     cost: dict[str, Any] = {"refusals": run.refusals, "distinct_sets": len(set(run.cohorts)),
                             "fallbacks": int(getattr(sim.selection, "fallbacks", 0))}
     return CellResult(method, protocol, "ok", summary=ledger.summary(static=static), attacks=results,
                       dp=dp, seconds=time.perf_counter() - start, mitigation=mitigation, epsilon=epsilon,
+                      epsilon_delta=epsilon_delta,
                       tail_accuracy=float(np.mean(tail)) if tail else None, selection_cost=cost,
                       party_bytes=_party_bytes(ledger), exposures=ledger.exposures(), notes=notes)
 
@@ -361,6 +364,29 @@ def _dp_guarantees(sim: Any) -> list[dict[str, Any]]:
         return []
     return [{"scope": scope, "epsilon": p.epsilon, "delta": p.delta, "epsilon_mean": p.epsilon_mean,
              "releases": p.releases} for scope, p in sim.privacy_report().items()]
+
+
+def _run_epsilon(sim: Any) -> tuple[float | None, float | None]:
+    """One ε per client for the whole run: every release of every noised statistic composed by the
+    accountant (RDP, with the worst client's DP-SGD where it trains with it), at δ = the sum of the
+    statistics' δ — each statistic's calibration charges up to its own δ for sampler and tail
+    failures, so composing three at one statistic's δ would be vacuous. ``(None, None)``: no DP."""
+    from secure_fl.privacy.ledger import RUN, formal_guarantees
+
+    ledger = sim.stats.ledger
+    if not sim.dp_enabled or ledger is None or not ledger.releases:
+        return None, None
+    deltas = [noisy.config.delta for name, noisy in sim.stats.noisy.items() if name in ledger.statistics()]
+    delta = min(sum(deltas), 0.5) if deltas else float(sim.privacy_delta)
+    states = sim.dp_sgd_states()
+    worst = None
+    if states and sim.dp_sgd_config is not None:
+        cid = max(sorted(states), key=lambda c: states[c].epsilon(sim.dp_sgd_config.delta))
+        worst = {cid: states[cid]}
+    run = formal_guarantees(ledger, delta=delta, model=worst).get(RUN)
+    if run is None or not np.isfinite(run.epsilon):
+        return None, delta
+    return float(run.epsilon), delta
 
 
 def _party_bytes(ledger: Ledger) -> dict[str, dict[str, int]]:

@@ -111,6 +111,8 @@ def test_audit_cells_carry_mitigation_epsilon_and_utility() -> None:
         assert data["mitigation"] == mitigation and data["epsilon"] is None
         assert 0.0 < data["utility"]["tail_accuracy"] <= 1.0
     assert cells["cohorts"].selection_cost["distinct_sets"] <= 2
+    # the server's selection follows the clients' rule: an honest server is never refused
+    assert all(c.selection_cost["refusals"] == 0 for c in cells.values())
 
 
 def test_dp_cell_reports_the_composed_epsilon_per_client() -> None:
@@ -119,6 +121,9 @@ def test_dp_cell_reports_the_composed_epsilon_per_client() -> None:
     assert cell.status == "ok", cell.reason
     scopes = {d["scope"]: d["epsilon"] for d in cell.dp}
     assert {"model_update", "total_samples", "run"} <= set(scopes)
-    # each statistic spends at most its budget; the run composes both into one ε per client
+    # each statistic spends at most its budget
     assert scopes["model_update"] <= 2.0 + 1e-6 and scopes["total_samples"] <= 2.0 + 1e-6
-    assert cell.epsilon == scopes["run"] and max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon
+    # the run composes both into one ε per client, at δ = the sum of the statistics' δ
+    assert cell.epsilon is not None and cell.epsilon_delta == pytest.approx(2e-5)
+    assert max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon <= scopes["run"]
+    assert cell.as_json()["epsilon"] == cell.epsilon
