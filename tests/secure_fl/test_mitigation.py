@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
+import numpy as np
 import pytest
 import torch
 
@@ -127,3 +129,31 @@ def test_dp_cell_reports_the_composed_epsilon_per_client() -> None:
     assert cell.epsilon is not None and cell.epsilon_delta == pytest.approx(2e-5)
     assert max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon <= scopes["run"]
     assert cell.as_json()["epsilon"] == cell.epsilon
+
+
+def _context(round: int, *, num_clients: int = 8, per_round: int = 4) -> Any:
+    from secure_fl.selection.strategy import SelectionContext
+
+    return SelectionContext(round=round, num_clients=num_clients, clients_per_round=per_round,
+                            rng=np.random.default_rng(round), stats=cast(Any, None))
+
+
+def test_policy_selection_takes_whole_cohorts_and_follows_the_guard() -> None:
+    from secure_fl.selection import RandomSelection
+    from secure_fl.selection.mitigation import PolicySelection
+
+    cohorts = make_cohorts(8, 4, seed=0)
+    selection = PolicySelection(RandomSelection(), FixedCohorts(cohorts=cohorts))
+    assert all(selection.select(_context(r)) in cohorts for r in range(6))
+    everyone = PolicySelection(RandomSelection(), FixedCohorts(cohorts=cohorts))
+    assert everyone.select(_context(0, per_round=8)) == tuple(range(8))  # full participation is unchanged
+
+    guard = SpanGuard(k=4)
+    guarded = PolicySelection(RandomSelection(), guard)
+    for r in range(12):
+        chosen = guarded.select(_context(r))
+        assert guard.violation(guarded.history[:-1], chosen, num_clients=8) is None
+    assert guarded.fallbacks > 0  # twelve random sets of 4 of 8 would expose a small set
+    restored = PolicySelection(RandomSelection(), guard)
+    restored.load_state_dict(json.loads(json.dumps(guarded.state_dict())))
+    assert restored.history == guarded.history and restored.fallbacks == guarded.fallbacks
