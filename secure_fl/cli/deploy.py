@@ -4,8 +4,8 @@ node authentication, with ``--kill NODE@ROUND[:STAGE]`` a node SIGKILLed at that
 
 Prints the tables of ``secure-fl run`` plus a deployment table, or with ``--json`` the same
 object with, per run, ``"engine": "flower"``, ``"dropouts"`` (``{"count", "parties", "by_round",
-"killed"}``: the clients the server counted as lost, in all and per round, and the nodes
-``--kill`` hit)
+"killed"}``: as ``secure-fl run`` reports them — the clients the server counted as lost, in all
+and per round index — and the nodes ``--kill`` hit)
 and ``"flower"`` (Flower's run id and status, its own byte count beside the transcript's, per
 round the wall time, round trips, time waiting on Flower's polling and its share, per stage).
 The runs go to the run store (``--store DIR``, default ``$SECURE_FL_WORKSPACE`` or ``./runs``)
@@ -152,10 +152,12 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as error:  # DeployError: the federation did not start or a run broke
         log.error("%s", error)
         return 1
+    from secure_fl.cli.run import engine_fields
+
     with RunStore(store.path) as reader:
         summaries = [summarize(reader, run_id) for run_id in run_ids]
+        runs = [_run_json(summary, outcomes.get(summary.id), engine_fields(reader, summary)) for summary in summaries]
     failed = [s for s in summaries if s.status != "done"]
-    runs = [_run_json(summary, outcomes.get(summary.id)) for summary in summaries]
     if args.json:
         json.dump({"engine": ENGINE, "runs": runs}, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")
@@ -229,16 +231,14 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run_json(summary: Any, outcome: Any) -> dict[str, Any]:
-    out: dict[str, Any] = summary.as_json()
-    out["engine"] = ENGINE
-    dropped = outcome.dropped if outcome is not None else {}
-    parties = sorted({p for lost in dropped.values() for p in lost})
-    out["dropouts"] = {"count": len(parties), "parties": parties,
-                       "by_round": {str(r): lost for r, lost in dropped.items() if lost},
+def _run_json(summary: Any, outcome: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``secure-fl run``'s JSON of the run, its ``engine`` and ``dropouts`` (from the store, as
+    ``run`` reports them) plus ``killed`` and Flower's view of the run."""
+    out: dict[str, Any] = {**summary.as_json(), **fields}
+    out["dropouts"] = {**fields["dropouts"],
                        "killed": [k["node"] for k in outcome.kills if k["time"] is not None] if outcome else []}
     if outcome is not None:
-        rounds = outcome.rounds
+        rounds = [_with_bytes(r, summary) for r in outcome.rounds]
         out["flower"] = {
             "run_id": outcome.run_id, "status": outcome.status, "seconds": outcome.seconds,
             "bytes": outcome.flower_bytes, "transcript_bytes": summary.bytes_total,
@@ -247,6 +247,19 @@ def _run_json(summary: Any, outcome: Any) -> dict[str, Any]:
             "waiting_share": (sum(r["waiting"] for r in rounds) / sum(r["wall"] for r in rounds)
                               if rounds and sum(r["wall"] for r in rounds) > 0 else None),
         }
+    return out
+
+
+def _with_bytes(timing: dict[str, Any], summary: Any) -> dict[str, Any]:
+    """A round's timing with the bytes the ServerApp measured (its ``net.*`` round metrics): of the
+    Flower messages (``wire_bytes``) and of the transcript they carried, in all and per stage."""
+    row = next((r for r in summary.history if r.round + 1 == timing["round"]), None)
+    metrics = getattr(row, "metrics", None) or {}
+    out = dict(timing)
+    out["wire_bytes"] = metrics.get("net.wire_bytes")
+    out["transcript_bytes"] = metrics.get("net.transcript_bytes")
+    out["stage_wire_bytes"] = {key[len("net.stage."):-len(".wire_bytes")]: value for key, value in metrics.items()
+                               if key.startswith("net.stage.") and key.endswith(".wire_bytes")}
     return out
 
 
@@ -260,11 +273,14 @@ def _deploy_table(runs: list[dict[str, Any]]) -> str:
         walls = [x["wall"] for x in rounds]
         share = flower.get("waiting_share")
         fb = (flower.get("bytes") or {}).get("total")
+        wire = sum(x.get("wire_bytes") or 0 for x in rounds)
+        carried = sum(x.get("transcript_bytes") or 0 for x in rounds)
         rows.append([r["id"], r["status"], str(r["dropouts"]["count"]),
                      ",".join(map(str, r["dropouts"]["killed"])) or "-",
                      "/".join(str(x["round_trips"]) for x in rounds) or "-",
                      f"{sum(walls) / len(walls):.1f}" if walls else "-",
                      f"{100 * share:.0f}%" if share is not None else "-",
-                     f"{fb:,}" if fb is not None else "-", f"{r['bytes']['total']:,}"])
+                     f"{fb:,}" if fb is not None else "-", f"{int(wire):,}" if wire else "-",
+                     f"{int(carried):,}" if carried else "-"])
     return text_table(["run", "status", "dropouts", "killed", "round trips", "s/round", "polling",
-                       "Flower bytes", "transcript bytes"], rows)
+                       "Flower bytes (run)", "message bytes", "transcript bytes"], rows)

@@ -105,8 +105,6 @@ class FlowerRun:
     """Per round: wall, round trips, waiting on polling and its share, per stage (see timing)."""
     log: str
     """The tail of the ServerApp's log (Flower's log stream), for failures."""
-    dropped: dict[int, list[int]] = field(default_factory=dict)
-    """Round (1-based) → the parties the ServerApp counted as lost in it (its events' ``lost``)."""
 
     @property
     def ok(self) -> bool:
@@ -294,10 +292,11 @@ class LocalFederation:
     # --- runs ---------------------------------------------------------------------------------
 
     def run(self, run_config: Mapping[str, object], *, events: Path, kills: Sequence[KillSpec] = (),
-            timeout: float) -> FlowerRun:
-        """Submit one Flower run with ``run_config`` and wait (at most ``timeout`` seconds) for it."""
+            timeout: float, components: AppComponents | None = None) -> FlowerRun:
+        """Submit one Flower run with ``run_config`` and wait (at most ``timeout`` seconds) for it;
+        ``components`` other apps than the options' on the same nodes (a benchmark's peer)."""
         self._runs += 1
-        project = write_project(self.work / f"app-{self._runs}", components=self.options.components,
+        project = write_project(self.work / f"app-{self._runs}", components=components or self.options.components,
                                 run_config=run_config)
         stream_log = self.logs / f"run-{self._runs}.log"
         started = time.time()
@@ -330,11 +329,6 @@ class LocalFederation:
                     spans += node_spans(child.node, handle.read().decode(errors="replace"))
         traffic = info.get("network-traffic", {})
         event_list = read_events(events)
-        dropped: dict[int, set[int]] = {}
-        for event in event_list:
-            lost = event.get("lost")
-            if isinstance(lost, list):
-                dropped.setdefault(int(event["round"]) + 1, set()).update(int(p) for p in lost)
         return FlowerRun(
             run_id=run_id, status=str(info.get("status", "unknown")), seconds=time.time() - started,
             flower_bytes={k.removesuffix("-bytes"): int(v) for k, v in traffic.items()},
@@ -342,8 +336,7 @@ class LocalFederation:
                     "pids": f.pids} for f in watcher.fired]
                   + [{"node": s.node, "round": s.round, "stage": s.stage, "time": None, "pids": []}
                      for s in watcher.pending],
-            rounds=round_timings(event_list, spans), log=_tail(stream_log, 4000),
-            dropped={rnd: sorted(parties) for rnd, parties in sorted(dropped.items())})
+            rounds=round_timings(event_list, spans), log=_tail(stream_log, 4000))
 
     def _run_info(self, run_id: str) -> dict[str, Any]:
         done = subprocess.run([str(self.flwr), "ls", CONNECTION, "--run-id", run_id, "--format", "json"],
