@@ -44,8 +44,10 @@ P = TypeVar("P", bound=raw.SealParameters)
 
 
 class Stage(IntEnum):
-    """Set-up stages (1-5), then those of a sum (6-8), and a verified sum's attestation (9-10:
-    the server's digest of its aggregate, each contributor's signed tags of its own upload)."""
+    """Set-up stages (1-5), then those of a sum (6-10) in the order they happen: a verified sum's
+    attestation (7-8: the server's digest of its aggregate, each contributor's signed tags of its
+    own upload) comes between the uploads and the aggregate (dropout plans silence a party from a
+    stage *number* on)."""
 
     CONTEXT = 1
     ADVERTISE = 2
@@ -53,10 +55,10 @@ class Stage(IntEnum):
     SEALED_KEY = 4
     CONFIRM = 5
     UPLOAD = 6
-    AGGREGATE = 7
-    RESULT = 8
-    CHALLENGE = 9
-    TAG = 10
+    CHALLENGE = 7
+    TAG = 8
+    AGGREGATE = 9
+    RESULT = 10
 
 
 # --- checksums and ciphertext bundles -------------------------------------------------------
@@ -135,7 +137,17 @@ def write_result(contributors: tuple[PartyId, ...], encoded_sum: npt.NDArray[np.
     return body + _checksum(body)
 
 
-def read_result(payload: bytes, spec: VectorSpec, clients: Sequence[PartyId]) -> ReleasedSum:
+def read_result(payload: bytes, spec: VectorSpec, clients: Sequence[PartyId], *,
+                signed: bool | None = None) -> ReleasedSum:
+    """A released sum. ``signed``: the payload ends with the releaser's signature (verified sums),
+    which is skipped, not checked; ``None``: either form (a transcript reader, which cannot know)."""
+    if signed is None:
+        try:
+            return read_result(payload, spec, clients, signed=False)
+        except WireError:
+            signed = True
+    if signed:
+        payload, _ = split_signed(payload)
     return ReleasedSum.from_bytes(verified(payload), spec, parties=clients)
 
 

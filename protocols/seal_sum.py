@@ -30,8 +30,10 @@ statistics need.
 **A sum**, one exchange per stage: ``open`` goes to the participants (and the agent in agent
 mode); participants answer ``upload`` (verified sums: then ``challenge`` and ``tag``, below).
 The server adds the ciphertexts and sends ``aggregate``
-to the decryptors (the agent; or with a shared key the contributors, or only the releaser when
-clients are not to learn the sum). The releaser answers ``result`` (the encoded sum), and in
+to the decryptors (the agent; or with a shared key the contributors, or only the releasers when
+clients are not to learn the sum). The releasers (the agent; with a shared key the first
+:data:`RELEASERS` contributors, when the server is to learn the sum: one failing costs nothing,
+two that disagree abort) answer ``result`` (the encoded sum), and in
 agent mode the server relays it to the other contributors when clients are to learn it.
 Results and aggregates reach the run's participants only.
 
@@ -148,6 +150,9 @@ __all__ = [
 Keyholder = Literal["agent", "all"]
 MAX_KEYSETS = 32
 """Key sets a client keeps at once; a set-up for one more is refused (``PolicyError``)."""
+RELEASERS = 2
+"""With a shared key, contributors asked to release the sum to the server: one failing to
+decrypt costs nothing, two releasing different sums abort (as :mod:`protocols.paillier_sum`)."""
 _SNAPSHOT_VERSION = 2
 
 
@@ -342,7 +347,7 @@ class SealClient(Party):
             except AuthenticationError as error:
                 raise TamperedAggregateError(SERVER, f"relayed a result the key holder did not release ({error})") \
                     from None
-        released = read_result(payload, self.spec, self.clients)
+        released = read_result(payload, self.spec, self.clients, signed=False)
         result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
         self.gate.open = set()
@@ -438,7 +443,9 @@ class SealServer(ServerParty):
         self.spec, self.reveal, self.participants = request.spec, request.reveal, request.participants
         self.context, self.agent, self.shared, self.symmetric = context, agent, shared, symmetric
         self.sizes = context.params.chunk_sizes(self.spec.length)
-        self.releaser: PartyId | None = None
+        self.releasers: tuple[PartyId, ...] = ()
+        self.release_from: PartyId | None = None
+        self._released: npt.NDArray[np.uint64] | None = None
         self.decryptors: tuple[PartyId, ...] = ()
         self.gate = StageGate(run_id, scheme.protocol, SERVER)
         self.gate.open = {Stage.UPLOAD}
@@ -484,18 +491,24 @@ class SealServer(ServerParty):
             return []
         if env.stage == Stage.TAG:
             return self._receive_tag(env)
-        self.gate.check(env, allowed_senders=[] if self.releaser is None else [self.releaser])
+        self.gate.check(env, allowed_senders=self.releasers)
         body = env.payload
         if self.directory is not None:
             body, signature = split_signed(body)
             statement = release_statement(self.protocol, self.run_id, env.sender, body)
             self.directory.verify(env.sender, statement, signature, what="release")
-        released = read_result(body, self.spec, self.clients)
+        released = read_result(body, self.spec, self.clients, signed=False)
         if released.contributors != self.contributors:
             raise StageError("the key holder released a sum over other contributors than were aggregated")
         result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
-        self.gate.open = set()
+        if self._released is not None:
+            if not np.array_equal(self._released, released.encoded_sum):
+                self.result, self.finished = None, False
+                raise AbortedError(f"key holders {self.release_from} and {env.sender} released different sums "
+                                   "of the same aggregate: one of them lies")
+            return []
+        self._released, self.release_from = released.encoded_sum, env.sender
         self.result = result
         self.finished = True
         waiting = [pid for pid in self.contributors if pid not in self.decryptors] if self.reveal.clients else []
@@ -523,7 +536,8 @@ class SealServer(ServerParty):
             return self._challenge() if self.verified else self._send_aggregate()
         if self.stage == Stage.CHALLENGE:
             return self._conclude_challenge()
-        raise AbortedError("the key holder did not release the sum (lost or refused)")
+        reasons = "; ".join(f"client {pid}: {self.rejected_from.get(pid, 'no answer')}" for pid in self.releasers)
+        raise AbortedError(f"no key holder released the sum ({reasons})")
 
     def _dump(self) -> bytes:
         assert self.aggregate is not None
@@ -584,28 +598,28 @@ class SealServer(ServerParty):
         self.stage = Stage.AGGREGATE
         self.gate.open = set()
         # The agent decrypts and releases (a lost agent aborts the run). With a shared key the
-        # contributors decrypt, or only the releaser when the clients are not to learn the sum;
-        # the first contributor releases it when the server is to learn it.
+        # contributors decrypt, or only the releasers when the clients are not to learn the sum;
+        # the first RELEASERS contributors release it when the server is to learn it.
         if not self.shared:
-            self.decryptors, self.releaser = (self.agent,), self.agent
+            self.decryptors, self.releasers = (self.agent,), (self.agent,)
         else:
-            first = self.contributors[0]
-            self.decryptors = self.contributors if self.reveal.clients else (first,)
-            self.releaser = first if self.reveal.server else None
+            first = self.contributors[:RELEASERS]
+            self.decryptors = self.contributors if self.reveal.clients else first
+            self.releasers = first if self.reveal.server else ()
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
         if self.verified:
             signed = [self._tags[pid] for pid in self.contributors]
             self.uploads.clear()
             out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
-                                     verified_aggregate_for(self._body, release=pid == self.releaser,
+                                     verified_aggregate_for(self._body, release=pid in self.releasers,
                                                             attempt=self.attempt, signed=signed)), exposure)
                    for pid in self.decryptors]
         else:
             body = self._dump()
             out = [Outgoing(Envelope(self.protocol, Stage.AGGREGATE, self.run_id, SERVER, pid,
-                                     aggregate_for(body, release=pid == self.releaser)), exposure)
+                                     aggregate_for(body, release=pid in self.releasers)), exposure)
                    for pid in self.decryptors]
-        if self.releaser is not None:
+        if self.releasers:
             self.gate.open = {Stage.RESULT}
         else:
             self.finished = True

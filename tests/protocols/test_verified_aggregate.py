@@ -23,6 +23,7 @@ from protocols.seal_messages import (
     read_result,
     read_upload,
     read_verified_aggregate,
+    release_statement,
     write_result,
 )
 from protocols.seal_sum import SealClient, SealServer, TamperedAggregateError, _primes
@@ -286,7 +287,7 @@ def test_tags_are_linear_and_reveal_nothing_the_ciphertext_did_not() -> None:
     ta = seal_tags.tag(_words(keys.public, a), primes, digest)
     tb = seal_tags.tag(_words(keys.public, b), primes, digest)
     assert np.array_equal(summed, (ta.astype(object) + tb.astype(object)) % primes[0])
-    assert Stage.CHALLENGE == 9 and Stage.TAG == 10
+    assert Stage.UPLOAD < Stage.CHALLENGE < Stage.TAG < Stage.AGGREGATE < Stage.RESULT  # the order they happen
 
 
 class RelayingLiar(SealServer):
@@ -333,3 +334,53 @@ def test_a_release_relayed_by_the_server_carries_the_key_holders_signature(verif
     assert len(refusals) == N - 1
     assert all("TamperedAggregateError: server: relayed a result the key holder did not release" in r
                for r in refusals)
+
+
+class LyingReleaser(SealClient):
+    """Releases its decrypted sum plus one, signed with its own key (it is a key holder)."""
+
+    def _decrypt_aggregate(self, env: Any) -> Any:
+        out = super()._decrypt_aggregate(env)
+        if not out:
+            return out
+        body = out[0].envelope.payload[:-64] if self.verified else out[0].envelope.payload
+        released = read_result(body, self.spec, self.clients)
+        forged = write_result(released.contributors, released.encoded_sum + np.uint64(1), self.clients)
+        if self.verified:
+            assert self.identity is not None
+            forged += self.identity.sign(release_statement(self.scheme.protocol, self.run_id, self.party_id, forged))
+        return [Outgoing(dataclasses.replace(out[0].envelope, payload=forged), out[0].exposure)]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("name", SCHEMES)
+def test_with_a_shared_key_two_contributors_release_one_failing_costs_nothing_two_disagreeing_abort(
+        name: str, verify: bool) -> None:
+    inputs = inputs_for(10)
+    session = make_sum(name, clients=range(N), keyholder="all", authenticate=True, verify_aggregate=verify)
+    out = session.sum(inputs, spec=SPEC, reveal=Reveal(clients=False), dropouts=DropoutPlan({0: "aggregate"}))
+    assert np.array_equal(out.total, plain(inputs, range(N)))  # client 0 lost its aggregate; client 1 released
+    assert out.learned_by == frozenset([SERVER, 1])
+    liar = make_sum(name, clients=range(N), keyholder="all", authenticate=True, verify_aggregate=verify)
+    liar.sessions[1].client_party = LyingReleaser  # type: ignore[attr-defined]
+    with pytest.raises(AbortedError, match="released different sums of the same aggregate"):
+        liar.sum(inputs, spec=SPEC, reveal=Reveal(clients=False))
+
+
+def test_a_signed_release_is_read_by_the_transcript_reader() -> None:
+    """The audit's reader (protocols.readers) reads released sums from captured messages; a verified
+    release carries the agent's signature after the checksummed sum and still reads."""
+    from protocols.readers import CkksReader
+
+    captured: list[Any] = []
+    network = LocalNetwork(interceptor=lambda data, message: captured.append(message.envelope) or data)
+    session = verified("ckks", network=network)
+    inputs = inputs_for(11)
+    out = session.sum(inputs, spec=SPEC)
+    opened = next(e for e in captured if e.stage == 0 and e.run_id.hex() == out.run_id)
+    request = SumRequest.from_bytes(opened.payload, clients=tuple(range(N)))
+    results = [e for e in captured if e.stage == Stage.RESULT and e.run_id.hex() == out.run_id]
+    assert results and all(len(e.payload) > 64 for e in results)
+    for env in results:
+        reading = CkksReader().read("result", env, request, clients=tuple(range(N)))
+        assert reading is not None and np.array_equal(reading.values, out.total)
