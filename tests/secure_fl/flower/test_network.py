@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from protocols import Message
+from protocols import AbortedError, Message
 from secure_fl.config import RunConfig, parse_config
 from secure_fl.flower.network import FlowerError, FlowerNetwork
 from secure_fl.flower.server import FlowerServer
+from secure_fl.runtime import execute_run
 from secure_fl.runtime.build import build_simulation, load_run_dataset
+from secure_fl.runtime.runner import describe_run
+from secure_fl.store import RunStore
 
 from .fakegrid import FakeGrid, Fault
 
@@ -165,3 +169,23 @@ def test_two_nodes_claiming_one_partition_is_a_clear_error(config: RunConfig) ->
     with pytest.raises(FlowerError, match="both claim partition 0"):
         FlowerNetwork.connect(grid, config=json.dumps(config.to_dict()), parties=4, stage_timeout=TIMEOUT,
                               clock=grid.clock, sleep=grid.clock.sleep)
+
+
+def test_below_the_threshold_the_round_aborts_and_the_run_says_why(config: RunConfig, tmp_path: Path) -> None:
+    """Three of four clients die in masking's first stage: one typed abort, within one stage timeout,
+    the run marked failed with the protocol's reason and its stored rounds kept."""
+    grid = FakeGrid(4, faults=[Fault(p, "drop", round=0, stage="open") for p in (1, 2, 3)])
+    dataset = load_run_dataset(config)
+
+    def harness(run: RunConfig, device: torch.device, data: Any) -> FlowerServer:
+        network = FlowerNetwork.connect(grid, config=json.dumps(run.to_dict()), parties=4, stage_timeout=TIMEOUT,
+                                        clock=grid.clock, sleep=grid.clock.sleep)
+        return FlowerServer(run, network=network, device=device, dataset=data)
+
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        _, [run_id] = store.create_batch(name="abort", source="test", runs=[describe_run(config)])
+        with pytest.raises(AbortedError):
+            execute_run(store, run_id, config, device=CPU, dataset=dataset, harness=harness)
+        run = store.run(run_id)
+        assert run.status == "failed" and run.error and "1 < threshold 3" in run.error
+    assert grid.clock.now <= TIMEOUT + 1
