@@ -1,23 +1,27 @@
-"""Simulation overhead: one FedAvg round vs one epoch of centralised training.
+"""Simulation overhead: one FedAvg round, clients vectorised and in a loop, vs one centralised epoch.
 
 Fashion-MNIST's 60,000 training images split evenly (IID) across 100 clients; every client
 takes part, E = 1, B = 32, MLP (128, 128), SGD(lr 0.01, momentum 0.9, weight decay 1e-4).
-``ours`` is one round of the embedded engine, :class:`secure_fl.runtime.Simulation`: the
-server loop and 100 client nodes, sharing only bytes over a :class:`protocols.LocalNetwork`
-(selection; the global model sent to every node with the ``total_samples`` sum's ``open``;
-local training of all 100 clients inside their nodes; the ``total_samples`` sum through the
-``plain`` protocol; the scaled model updates summed through ``clear``; no evaluation);
-``peer`` is one epoch of plain PyTorch training over the same 60,000 images with the same
-batch size, model, optimiser and device (a fresh random order each epoch, batches gathered
-from one tensor — the fastest centralised loop). Both are timed in this one process,
-alternately, after a warm-up; the medians are reported.
+``ours`` is one round of the embedded engine, :class:`secure_fl.runtime.Simulation`, on its
+default client path (``vectorised``: the nodes' training goes through the client pool and the
+100 clients train together); ``loop`` is the same round with ``clients_path="loop"`` (one client
+after another). A round is: the server loop and 100 client nodes, sharing only bytes over a
+:class:`protocols.LocalNetwork` (selection; the global model sent to every node with the
+``total_samples`` sum's ``open``; local training of all 100 clients; the ``total_samples`` sum
+through the ``plain`` protocol; the scaled model updates summed through ``clear``; no evaluation).
+``peer`` is one epoch of plain PyTorch training over the same 60,000 images with the same batch
+size, model, optimiser and device (a fresh random order each epoch, batches gathered from one
+tensor — the fastest centralised loop). The three are timed in this one process, in turn, after
+a warm-up; the medians are reported.
 
-Prints one JSON object: {"case": "simulation", "ours": s, "peer": s, "ratio": ours/peer, ...}.
-Target: ratio <= 1.3.
+Prints one JSON object: {"case": "simulation", "ours": s, "peer": s, "ratio": ours/peer,
+"loop": s, "loop_ratio": loop/peer, "speedup": loop/ours, ...}. Target (issue 24): ratio <= 0.6
+on the CPU.
 
     PYTHONPATH=. python bench/simulation.py [--device auto|cpu|cuda] [--repeats 3] [--threads auto|N]
+        [--clients 100] [--no-loop]
 
-Both sides run with the same intra-op thread count (``auto``: half the cores, i.e. one on a
+Every side runs with the same intra-op thread count (``auto``: half the cores, i.e. one on a
 2-core machine, where small-batch MLP steps are latency-bound).
 """
 
@@ -27,6 +31,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,23 +49,24 @@ BATCH = 32
 TRAINING = LocalTraining(epochs=1, batch_size=BATCH, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
-def make_simulation(dataset: Dataset, device: torch.device, *, rounds: int) -> Simulation:
+def make_simulation(dataset: Dataset, device: torch.device, *, rounds: int, path: str = "vectorised",
+                    num_clients: int = NUM_CLIENTS) -> Simulation:
     """The embedded engine on an even IID split: FedAvg, every client in every round, the
     statistics through ``plain`` and the model updates through ``clear``."""
     rng = np.random.default_rng(0)
-    shards = np.array_split(rng.permutation(dataset.y_train.size), NUM_CLIENTS)
+    shards = np.array_split(rng.permutation(dataset.y_train.size), num_clients)
     clients = client_data(dataset, shards, device=device)
     seeds = Seeds(0)
     with seeds.torch_global("init"):
         model = build_model("mlp", input_shape=dataset.input_shape, num_classes=dataset.num_classes)
     model.to(device)
-    plan = StatisticsPlan(clients=tuple(range(NUM_CLIENTS)), protocol="plain",
+    plan = StatisticsPlan(clients=tuple(range(num_clients)), protocol="plain",
                           updates=UpdateSettings(dimension=FlatLayout(model).dimension, protocol="clear"))
     sim = Simulation(
         clients=clients, x_test=torch.from_numpy(dataset.x_test[:1]).to(device),
         y_test=torch.from_numpy(dataset.y_test[:1]).to(device), num_classes=dataset.num_classes, model=model,
         method=make_algorithm("fedavg"), loss=make_loss("ce"), selection=RandomSelection(), training=TRAINING,
-        clients_per_round=NUM_CLIENTS, plan=plan, seeds=seeds, device=device, rounds=rounds,
+        clients_per_round=num_clients, plan=plan, seeds=seeds, device=device, rounds=rounds, clients_path=path,
     )
     sim.setup()  # the method's once-per-run set-up (none for FedAvg), untimed
     return sim
@@ -88,6 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=NUM_CLIENTS, help="clients (all take part in every round)")
+    parser.add_argument("--no-loop", action="store_true", help="time only the default (vectorised) path")
     parser.add_argument("--threads", default="auto",
                         help="torch intra-op threads for both sides: auto (half the cores) or a number")
     args = parser.parse_args()
@@ -95,7 +103,9 @@ def main() -> None:
     device = resolve_device(args.device)
     dataset = load_dataset("fashion-mnist")
 
-    sim = make_simulation(dataset, device, rounds=args.repeats + 1)
+    paths = ["vectorised"] if args.no_loop else ["vectorised", "loop"]
+    sims = {path: make_simulation(dataset, device, rounds=args.repeats + 1, path=path, num_clients=args.clients)
+            for path in paths}
     model = build_model("mlp", input_shape=dataset.input_shape, num_classes=dataset.num_classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=TRAINING.lr, momentum=TRAINING.momentum,
                           weight_decay=TRAINING.weight_decay)
@@ -103,27 +113,32 @@ def main() -> None:
     y = torch.from_numpy(dataset.y_train).to(device)
     generator = torch.Generator().manual_seed(0)
 
-    ours: list[float] = []
-    peer: list[float] = []
-    for repeat in range(args.repeats + 1):  # the first pair warms up
-        _sync(device)
-        start = time.perf_counter()
-        sim.run_round()
-        _sync(device)
-        middle = time.perf_counter()
-        centralised_epoch(model, opt, x, y, generator)
-        _sync(device)
-        end = time.perf_counter()
-        if repeat:
-            ours.append(middle - start)
-            peer.append(end - middle)
-    ours_s, peer_s = statistics.median(ours), statistics.median(peer)
-    print(json.dumps({
-        "case": "simulation", "ours": round(ours_s, 4), "peer": round(peer_s, 4),
-        "ratio": round(ours_s / peer_s, 4), "device": str(device), "threads": torch.get_num_threads(),
-        "clients": NUM_CLIENTS, "images": int(dataset.y_train.size), "batch_size": BATCH,
-        "ours_all": [round(v, 4) for v in ours], "peer_all": [round(v, 4) for v in peer],
-    }))
+    times: dict[str, list[float]] = {"peer": [], **{path: [] for path in paths}}
+    for repeat in range(args.repeats + 1):  # the first turn warms up
+        for path, sim in sims.items():
+            times[path].append(_timed(device, sim.run_round))
+        times["peer"].append(_timed(device, lambda: centralised_epoch(model, opt, x, y, generator)))
+    med = {name: statistics.median(values[1:]) for name, values in times.items()}
+    out = {
+        "case": "simulation", "ours": round(med["vectorised"], 4), "peer": round(med["peer"], 4),
+        "ratio": round(med["vectorised"] / med["peer"], 4), "device": str(device),
+        "threads": torch.get_num_threads(), "clients": args.clients, "images": int(dataset.y_train.size),
+        "batch_size": BATCH, "ours_all": [round(v, 4) for v in times["vectorised"][1:]],
+        "peer_all": [round(v, 4) for v in times["peer"][1:]],
+    }
+    if "loop" in med:
+        out.update({"loop": round(med["loop"], 4), "loop_ratio": round(med["loop"] / med["peer"], 4),
+                    "speedup": round(med["loop"] / med["vectorised"], 4),
+                    "loop_all": [round(v, 4) for v in times["loop"][1:]]})
+    print(json.dumps(out))
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -231,4 +231,5 @@ def build_simulation(
         privacy_delta=privacy.reporting_delta if privacy.enabled else (
             noised.statistics[DEFAULT_STATISTIC].delta if noised is not None else None),
         holdout=held_out(dataset, indices),
+        clients_path=config.runtime.clients,
     )

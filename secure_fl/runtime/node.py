@@ -13,13 +13,17 @@ be restarted from its snapshot (a fresh process per message, a killed node that 
 
 Training runs on a :class:`~secure_fl.algorithms.LocalTrainer` the engine may share between the
 nodes of one process as scratch compute: the node loads its own weights into it before every
-use and keeps nothing in it.
+use and keeps nothing in it. With a :class:`~secure_fl.runtime.pool.ClientPool` (the same kind of
+shared client-side compute) the training message only submits the node's training; the pool
+trains the pending cohort together at the first use of a result, and the node settles — takes
+its own update and state back — before it handles anything else (:meth:`ClientNode.settle`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +50,7 @@ from secure_fl.stats.participant import StatsParticipant
 
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGD, DPSGDConfig
+    from secure_fl.runtime.pool import ClientPool, PendingTraining
 
 __all__ = ["ClientNode", "NodeTelemetry"]
 
@@ -77,6 +82,7 @@ class ClientNode:
         dp_sgd: DPSGDConfig | None = None,
         extra_sessions: Mapping[tuple[str, str], Any] | None = None,
         noise_seed: Callable[[str, int, int], np.random.SeedSequence] | None = None,
+        pool: ClientPool | None = None,
     ) -> None:
         self.client_id = data.client_id
         self.data = data
@@ -88,6 +94,10 @@ class ClientNode:
         self.digest = digest
         self.dp_sgd_config = dp_sgd
         self._dp_sgd: DPSGD | None = None
+        self.pool = pool if dp_sgd is None else None
+        """Shared with the process's other nodes to train together (never under DP-SGD)."""
+        self._pending: tuple[int, PendingTraining] | None = None
+        self._begun: tuple[Sequence[bytes], int, list[Message]] | None = None
         self.state: dict[str, Any] = {}
         """The method's persistent client state (SCAFFOLD's c_i, CLIMB's λ_i, FedShift's prior...)."""
         self.learned: dict[int, dict[str, Learned]] = {}
@@ -113,18 +123,37 @@ class ClientNode:
 
     # --- the network side ----------------------------------------------------------------------
 
+    def begin(self, inbox: Sequence[bytes]) -> None:
+        """Handle the runtime messages at the head of ``inbox`` now; :meth:`handle` of the same inbox
+        answers the rest. The engine calls it for every node of an exchange before any node's
+        :meth:`handle`, so that all of them have submitted their training to the pool first."""
+        out: list[Message] = []
+        count = 0
+        for data in inbox:
+            if not is_runtime(data):
+                break
+            out.extend(self._runtime(data))
+            count += 1
+        self._begun = (inbox, count, out)
+
     def handle(self, inbox: Sequence[bytes]) -> list[Message]:
         """Answer the messages of one exchange, in order."""
         out: list[Message] = []
-        for data in inbox:
+        start = 0
+        if self._begun is not None and self._begun[0] is inbox:
+            start, out = self._begun[1], list(self._begun[2])
+        self._begun = None
+        for data in inbox[start:]:
             if is_runtime(data):
                 out.extend(self._runtime(data))
             else:
+                self.settle()
                 out.extend(self.participant.handle(data))
                 self.dirty = True
         return out
 
     def _runtime(self, data: bytes) -> list[Message]:
+        self.settle()
         round_ = self.trained_round
         try:
             message = RuntimeMessage.from_bytes(data, dimension=self.info.dimension)
@@ -183,14 +212,40 @@ class ClientNode:
         assert message.vector is not None
         device = self.data.x.device
         global_vector = torch.from_numpy(message.vector.copy()).to(device)
-        broadcast = self._broadcast if self._broadcast_round == r else {}
+        broadcast = dict(self._broadcast) if self._broadcast_round == r else {}
+        attempt = partial(self._attempt, r, global_vector, broadcast)
+        if self.pool is None:
+            self._finish(r, *attempt(self.trainer))
+            return
+        submitted = self.pool.submit(attempt, self.state)
+        if isinstance(submitted, tuple):
+            self._finish(r, *submitted)
+        else:
+            self._pending = (r, submitted)
+            self.trained_round = r  # a second training message of this round is a replay
+
+    def _attempt(self, r: int, global_vector: torch.Tensor, broadcast: Mapping[str, torch.Tensor],
+                 trainer: LocalTrainer) -> tuple[LocalUpdate, ClientContext]:
+        """One run of the method's ``train`` on ``trainer``: the same context and seeded generators
+        every time (the pool runs it twice, see :mod:`secure_fl.runtime.pool`)."""
         ctx = ClientContext(
             round=r, data=self.data, state=self.state, global_vector=global_vector, broadcast=broadcast,
-            lr=self.info.training.lr_at(r), info=self.info, trainer=self.trainer,
+            lr=self.info.training.lr_at(r), info=self.info, trainer=trainer,
             shuffle=self.seeds.torch("shuffle", r, self.client_id), dp_sgd=self._dp_for(r),
         )
-        with self.seeds.torch_global("client", r, self.client_id, device=device):
+        with self.seeds.torch_global("client", r, self.client_id, device=self.data.x.device):
             update = self.method.train(ctx)
+        return update, ctx
+
+    def settle(self) -> None:
+        """Take this node's pooled training back (the pool trains the pending cohort if it has not yet)."""
+        if self._pending is None:
+            return
+        r, pending = self._pending
+        self._pending = None
+        self._finish(r, *pending.result())
+
+    def _finish(self, r: int, update: LocalUpdate, ctx: ClientContext) -> None:
         if self.dp_sgd_config is not None and ctx.trainings == 0 and self.data.num_samples > 0 \
                 and bool(torch.any(update.delta != 0)):
             raise RuntimeError(
@@ -242,6 +297,7 @@ class ClientNode:
 
     def snapshot(self) -> bytes:
         """Everything this client keeps between messages, as bytes (its own secrets included)."""
+        self.settle()
         self.dirty = False
         return dump_state({
             "state": self.state,
@@ -252,6 +308,7 @@ class ClientNode:
 
     def restore(self, data: bytes) -> None:
         """Continue from :meth:`snapshot`; a live round is forgotten (its messages are refused)."""
+        self.settle()
         try:
             saved = load_state(data, device=self.data.x.device)
         except Exception as error:  # noqa: BLE001 -- any unreadable snapshot is one typed error
@@ -280,6 +337,7 @@ class ClientNode:
 
     def dp_state(self) -> Any:
         """This client's DP-SGD accountant (local knowledge)."""
+        self.settle()
         from secure_fl.privacy.dpsgd import DPSGDState
 
         return DPSGDState.from_dict(self.state.get(DP_SGD_STATE))

@@ -8,6 +8,15 @@ checkpoint the nodes' snapshots, which in a deployment each node keeps on its ow
 to report telemetry no party sends: the clients' training loss, their DP-SGD ε, the method's
 :meth:`~secure_fl.algorithms.Method.simulator_telemetry`), and says so where it does.
 
+Clients train together (``clients="vectorised"``, the default) through a
+:class:`~secure_fl.runtime.pool.ClientPool` shared by the nodes — client-side compute like their
+shared trainer — where the model, loss and privacy settings allow it; otherwise, and with
+``clients="loop"``, one after another (the fall-back is logged once, with its reason). Before any
+node answers an exchange, the engine lets every node take the exchange's runtime messages
+(:meth:`~secure_fl.runtime.node.ClientNode.begin`), so a round's whole cohort is pending in the pool
+when the first node needs its update. The client path changes nothing a run computes beyond float
+rounding.
+
 Every random draw comes from :class:`~secure_fl.runtime.rng.Seeds` keyed by round and client,
 so the same config and seed give the same metrics, resumed or not. :meth:`Simulation.checkpoint`
 / :meth:`Simulation.restore` serialise everything a resumed run needs: the server's state and
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +43,7 @@ from secure_fl.algorithms.base import SIMULATOR_TELEMETRY_PREFIX, check_round_me
 from secure_fl.losses import Loss
 from secure_fl.privacy import MODEL, RUN, formal_guarantees
 from secure_fl.runtime.node import ClientNode
+from secure_fl.runtime.pool import ClientPool
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.server import Mailbox, ServerLoop
 from secure_fl.selection.strategy import SelectionStrategy
@@ -45,7 +56,11 @@ from secure_fl.store import Checkpoint, RoundPrivacy
 if TYPE_CHECKING:
     from secure_fl.privacy.dpsgd import DPSGDConfig
 
-__all__ = ["RoundResult", "Simulation", "dump_state", "load_state"]
+__all__ = ["CLIENT_PATHS", "RoundResult", "Simulation", "dump_state", "load_state"]
+
+log = logging.getLogger("secure_fl.run")
+
+CLIENT_PATHS = ("vectorised", "loop")
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,8 @@ class Simulation:
         privacy_delta: float | None = None,
         holdout: HeldOut | None = None,
         network: LocalNetwork | None = None,
+        clients_path: str = "vectorised",
+        pool_memory: int | None = None,
     ) -> None:
         ids = sorted(clients)
         if ids != list(range(len(ids))):
@@ -128,6 +145,9 @@ class Simulation:
                               InsecureRandomWarning, stacklevel=2)
         self.privacy_delta = privacy_delta if privacy_delta is not None else (
             dp_sgd.delta if dp_sgd is not None else 1e-5)
+        if clients_path not in CLIENT_PATHS:
+            raise ValueError(f"clients_path must be one of {CLIENT_PATHS}, got {clients_path!r}")
+        self.pool = self._pool(trainer, clients_path, dp_sgd=dp_sgd is not None, memory=pool_memory)
         noise_seed = plan.privacy.client_noise_seed if plan.privacy is not None else None
         extra = selection.sessions()
         self.nodes: dict[int, ClientNode] = {}
@@ -135,9 +155,11 @@ class Simulation:
             node = ClientNode(
                 data=clients[cid], method=method.client(self.info), plan=plan, info=self.info, trainer=trainer,
                 seeds=seeds, digest=digest, selection=selection.client(num_classes=num_classes), dp_sgd=dp_sgd,
-                extra_sessions=extra, noise_seed=noise_seed)
+                extra_sessions=extra, noise_seed=noise_seed, pool=self.pool)
             self.nodes[cid] = node
             self.network.attach(cid, node.handle)
+        if self.pool is not None:
+            self.network.before_handlers = self._begin
         mailbox = Mailbox(self.network)
         stats = StatsCoordinator(plan, mailbox)
         for (protocol, tag), options in extra.items():
@@ -153,6 +175,28 @@ class Simulation:
         self._released = 0
         self.on_client: Callable[[int, int, int], None] | None = None
         """Progress hook (round, clients done, clients selected), called as the cohort's updates arrive."""
+
+    @staticmethod
+    def _pool(trainer: LocalTrainer, path: str, *, dp_sgd: bool, memory: int | None) -> ClientPool | None:
+        """The nodes' shared pool, or ``None`` (the loop) — said once when ``vectorised`` cannot apply."""
+        if path == "loop":
+            return None
+        reason = "DP-SGD clips per-sample gradients client by client" if dp_sgd else None
+        if reason is None:
+            try:
+                return ClientPool(trainer, memory_budget=memory)
+            except ValueError as error:
+                reason = str(error)
+        log.warning("clients = 'vectorised' does not apply (%s): clients train one after another", reason)
+        return None
+
+    def _begin(self, inboxes: Mapping[int, list[bytes]]) -> None:
+        """Harness: every node takes the runtime messages at the head of its inbox before any node
+        answers (so the pool sees the round's whole cohort); then the network hands out the inboxes."""
+        for party, inbox in inboxes.items():
+            node = self.nodes.get(party)
+            if node is not None:
+                node.begin(inbox)
 
     # --- what the runner and reports read ----------------------------------------------------
 
@@ -198,6 +242,8 @@ class Simulation:
 
     def run_round(self) -> RoundResult:
         outcome = self.server.run_round()
+        for cid in outcome.selected:  # a node that answered nothing after training still settles
+            self.nodes[cid].settle()
         releases = tuple(self.stats.records[self._released:])
         self._released = len(self.stats.records)
         # Simulator telemetry: the cohort's training losses, read from the nodes (no party sends them).

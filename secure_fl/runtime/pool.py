@@ -1,0 +1,154 @@
+"""The client pool: the client nodes of one process train their round together.
+
+Client-side compute shared by the nodes of one process, like the shared
+:class:`~secure_fl.algorithms.LocalTrainer` scratch: a node hands it its training and gets its own
+result back; nothing in it outlives the round or reaches another party.
+
+A method's client half trains in one call, ``train(ctx)``, that calls ``ctx.train(objective)``
+somewhere in the middle. The pool runs that call twice:
+
+1. **collect** (:meth:`ClientPool.submit`, when the node receives its training message): the
+   method runs up to ``ctx.train``; a recording trainer keeps the job (data, start, learning
+   rate, shuffle generator, objective) and stops the method there. The node's state is put back
+   as it was before the call.
+2. **replay** (:meth:`ClientPool.resolve`, at the first use of any pending result): every job
+   collected so far trains together (:func:`~secure_fl.training_pool.train_cohort`, chunked by a
+   memory estimate); then each method runs again from the same state and the same seeded
+   generators, and its ``ctx.train`` returns the cohort's result for that client.
+
+So a method's ``train`` must depend only on its context, its state and the seeded generators
+(every method here does); the objective is recorded in the first run and the shuffle generator
+is the first run's, untouched. A second ``ctx.train`` in one call trains on the loop.
+The engine delivers a round's training messages to every node before any node answers a
+protocol message (:attr:`protocols.LocalNetwork.before_handlers`), so the whole cohort is
+pending when the first result is needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from secure_fl.algorithms import ClientData, LocalObjective, LocalResult, LocalTrainer, LocalUpdate
+from secure_fl.training_pool import CohortJob, chunk_size, client_bytes, cohort_key, train_cohort, vectorisable
+
+__all__ = ["ClientPool", "PendingTraining"]
+
+log = logging.getLogger("secure_fl.run")
+
+DEFAULT_CPU_BUDGET = 4 << 30
+"""Bytes a cohort chunk may take on the CPU (CUDA: 80 % of the free device memory)."""
+
+Attempt = Callable[[LocalTrainer], tuple[LocalUpdate, Any]]
+"""One run of a node's ``method.train`` on the given trainer: (its update, its context)."""
+
+
+class _Deferred(BaseException):
+    """Stops a method at ``ctx.train`` in the collect run (a BaseException: no ``except Exception`` eats it)."""
+
+
+class _Recorder(LocalTrainer):
+    """The shared trainer as the method sees it; ``train`` records the job (collect) or returns the
+    cohort's result (replay)."""
+
+    def __init__(self, base: LocalTrainer, results: Sequence[LocalResult] = ()) -> None:  # noqa: D107
+        self.model, self.layout, self.training, self.loss = base.model, base.layout, base.training, base.loss
+        self.optimizer = base.optimizer
+        self.base = base
+        self.job: CohortJob | None = None
+        self.results = list(results)
+
+    def train(self, data: ClientData, start: torch.Tensor, *, lr: float, shuffle: torch.Generator,
+              objective: LocalObjective | None = None) -> LocalResult:
+        if self.results:
+            return self.results.pop(0)
+        if self.job is None:
+            self.job = CohortJob(data=data, start=start, lr=lr, shuffle=shuffle, objective=objective or LocalObjective())
+            raise _Deferred
+        return self.base.train(data, start, lr=lr, shuffle=shuffle, objective=objective)  # a second call: loop
+
+
+@dataclass(eq=False)
+class PendingTraining:
+    """One node's training, collected and waiting for the cohort."""
+
+    pool: ClientPool
+    attempt: Attempt
+    job: CohortJob
+    outcome: tuple[LocalUpdate, Any] | None = None
+
+    def result(self) -> tuple[LocalUpdate, Any]:
+        """The node's update and context, training the pending cohort first if needed."""
+        if self.outcome is None:
+            self.pool.resolve()
+        assert self.outcome is not None
+        return self.outcome
+
+
+class ClientPool:
+    """Trains the pending jobs of a process's nodes together (see the module docstring)."""
+
+    def __init__(self, trainer: LocalTrainer, *, memory_budget: int | None = None) -> None:
+        reason = vectorisable(trainer)
+        if reason is not None:
+            raise ValueError(reason)
+        self.trainer = trainer
+        self.memory_budget = memory_budget
+        self._pending: list[PendingTraining] = []
+        self.cohorts = 0
+        """How many :func:`train_cohort` calls ran (chunks included): telemetry for tests and benchmarks."""
+
+    def submit(self, attempt: Attempt, state: dict[str, Any]) -> PendingTraining | tuple[LocalUpdate, Any]:
+        """Run ``attempt`` up to its ``ctx.train``: a pending training, or the outcome if it never trained."""
+        saved = copy.deepcopy(state)
+        recorder = _Recorder(self.trainer)
+        try:
+            return attempt(recorder)
+        except _Deferred:
+            state.clear()
+            state.update(saved)
+        assert recorder.job is not None
+        pending = PendingTraining(pool=self, attempt=attempt, job=recorder.job)
+        self._pending.append(pending)
+        return pending
+
+    def resolve(self) -> None:
+        """Train every pending job together, then finish each method's call (in submission order)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        results = self._train([p.job for p in pending])
+        for item, result in zip(pending, results):
+            item.outcome = item.attempt(_Recorder(self.trainer, [result]))
+
+    def _train(self, jobs: Sequence[CohortJob]) -> list[LocalResult]:
+        groups: dict[tuple[bool, bool, bool], list[int]] = {}
+        for position, job in enumerate(jobs):
+            groups.setdefault(cohort_key(job), []).append(position)
+        out: list[LocalResult | None] = [None] * len(jobs)
+        for positions in groups.values():
+            for chunk in self._chunks([jobs[p] for p in positions]):
+                trained = train_cohort(self.trainer, [jobs[positions[i]] for i in chunk])
+                self.cohorts += 1
+                for i, result in zip(chunk, trained):
+                    out[positions[i]] = result
+        assert all(r is not None for r in out)
+        return [r for r in out if r is not None]
+
+    def _chunks(self, jobs: Sequence[CohortJob]) -> list[list[int]]:
+        """Consecutive slices of ``jobs`` that fit the memory budget."""
+        device = jobs[0].start.device
+        budget = self.memory_budget
+        if budget is None:
+            budget = int(torch.cuda.mem_get_info(device)[0] * 0.8) if device.type == "cuda" else DEFAULT_CPU_BUDGET
+        largest = max(job.data.num_samples for job in jobs)
+        sample = next((job.data.x for job in jobs if job.data.num_samples), jobs[0].data.x)
+        per_client = client_bytes(self.trainer, sample, batch_size=self.trainer.training.batch_size,
+                                  samples=largest) if sample.shape[0] else 4 * 6 * self.trainer.layout.dimension
+        size = chunk_size(per_client, budget=budget, clients=len(jobs))
+        return [list(range(begin, min(begin + size, len(jobs)))) for begin in range(0, len(jobs), size)]
