@@ -152,8 +152,9 @@ class AuditReport:
         if self.mitigations == ("none",):
             return []
         lines = ["## Mitigations", "",
-                 ("Disaggregation and update label inference: advantage of the server alone; ε: the run's composed "
-                  "ε per client (∞: no formal guarantee); tail accuracy: mean test accuracy over the last "
+                 ("Disaggregation and update label inference: advantage of the server alone; ε: one ε per client, "
+                  "every release composed at δ = the sum of the noised statistics' δ (∞: no formal guarantee); "
+                  "tail accuracy: mean test accuracy over the last "
                   f"{min(self.settings.tail_rounds, self.settings.rounds)} rounds, Δ against no mitigation (points)."),
                  "", "| method | protocol | mitigation | disaggregation | update labels | ε | tail acc. | Δ | "
                  "refusals / fallbacks / sets |", "|---|---|---|---|---|---|---|---|---|"]

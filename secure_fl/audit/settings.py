@@ -82,7 +82,7 @@ class AuditSettings:
     torch_threads: int = 1
     mitigation_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per mitigation name, parameters over :data:`MITIGATION_DEFAULTS` (e.g. ``{"guard": {"k": 3}}``)."""
-    tail_rounds: int = 3
+    tail_rounds: int = 5
     """Utility: mean test accuracy of the global model over the run's last ``tail_rounds`` rounds."""
 
     def mitigation_table(self, name: str) -> dict[str, Any]:
