@@ -100,6 +100,7 @@ from .encoding import VectorSpec, decode_sum
 from .errors import (
     AbortedError,
     AuthenticationError,
+    CapacityError,
     EncodingError,
     ForeignKeyError,
     PolicyError,
@@ -284,6 +285,8 @@ def _sum_tags(values: list[npt.NDArray[np.uint64]], primes: tuple[int, ...]) -> 
 def _decoded(spec: VectorSpec, encoded_sum: npt.NDArray[np.uint64], contributors: int) -> npt.NDArray[np.float64]:
     try:
         return decode_sum(spec, encoded_sum, contributors=contributors)
+    except CapacityError:
+        raise  # a possible sum float64 cannot hold exactly: refused as such, never rounded
     except EncodingError as error:
         raise WireError(f"released sum is impossible: {error}") from error
 

@@ -384,3 +384,26 @@ def test_a_signed_release_is_read_by_the_transcript_reader() -> None:
     for env in results:
         reading = CkksReader().read("result", env, request, clients=tuple(range(N)))
         assert reading is not None and np.array_equal(reading.values, out.total)
+
+
+@pytest.mark.parametrize(("bound", "values", "outcome"), [
+    (2**53, (2**53 - 1, 1), 2**53),  # the largest sum float64 holds with its neighbour below
+    (2**53, (2**53, 2**53), 2**54),
+    (2**53, (2**53, 1), "CapacityError"),  # 2**53 + 1: no float64 holds it; refused, never rounded
+    (2**62, (2**62, 0), "CapacityError"),  # more than 63 bits per slot
+])
+def test_bfv_sums_of_big_integers_are_exact_or_refused(bound: int, values: tuple[int, int], outcome: Any) -> None:
+    """Issue 22 item 6 through the SEAL sums (verified): BFV carries every integer sum its plaintext
+    modulus holds; what float64 cannot hold is a CapacityError. CKKS refuses such specs up front."""
+    from protocols.errors import CapacityError
+
+    inputs = {pid: np.full(3, v, dtype=np.int64) for pid, v in enumerate(values)}
+    session = make_sum("bfv", clients=range(2), authenticate=True)
+    if outcome == "CapacityError":
+        with pytest.raises((CapacityError, AbortedError), match="CapacityError|bits per slot"):
+            session.sum(inputs, spec=VectorSpec(length=3, bound=bound, summands=2))
+        return
+    spec = VectorSpec(length=3, bound=bound, summands=2)
+    assert [int(x) for x in session.sum(inputs, spec=spec).total] == [outcome] * 3
+    with pytest.raises(CapacityError):
+        make_sum("ckks", clients=range(2)).sum(inputs, spec=spec)
