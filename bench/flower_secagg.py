@@ -99,9 +99,14 @@ def _peer_apps() -> tuple[Any, Any]:
     return server, ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
 
-if __name__ != "__main__":  # imported by a Flower process: define the apps
+peer_server_app = peer_client_app = None
+"""The peer's apps, defined when a Flower process imports this module (``flwr run`` finds them by
+name in the source: plain assignments at top level)."""
+if __name__ != "__main__":
     try:
-        peer_server_app, peer_client_app = _peer_apps()
+        _apps = _peer_apps()
+        peer_server_app = _apps[0]
+        peer_client_app = _apps[1]
     except ImportError:  # flwr not installed: the script reports a skip
         pass
 
@@ -114,7 +119,8 @@ tail_rounds = 1
 [data]
 dataset = "digits"
 num_clients = {n}
-partition = "iid"
+partition = "dirichlet"
+partition_params = {{ alpha = 100.0 }}
 [model]
 name = "mlp"
 hidden = [{hidden}]

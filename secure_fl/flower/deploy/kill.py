@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["KillSpec", "KillSpecError", "KillWatcher", "parse_kill"]
 
@@ -89,7 +89,7 @@ class KillWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="kill-watcher", daemon=True)
 
-    def __enter__(self) -> KillWatcher:
+    def __enter__(self) -> Self:
         if self.pending:
             self._thread.start()
         return self

@@ -26,12 +26,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
-from secure_fl.flower.deploy.certs import NodeKey, ServerCertificates, make_node_key, make_server_certificates
+from secure_fl.flower.deploy.certs import (
+    NodeKey,
+    ServerCertificates,
+    make_node_key,
+    make_server_certificates,
+)
 from secure_fl.flower.deploy.kill import KillSpec, KillWatcher
 from secure_fl.flower.deploy.processes import Child, ProcessSet
-from secure_fl.flower.deploy.project import CONNECTION, AppComponents, write_connection, write_project
+from secure_fl.flower.deploy.project import (
+    CONNECTION,
+    AppComponents,
+    write_connection,
+    write_project,
+)
 from secure_fl.flower.deploy.timing import node_spans, read_events, round_timings
 
 __all__ = ["DeployError", "DeployOptions", "FlowerMissing", "FlowerRun", "LocalFederation", "PortError",
@@ -146,7 +156,7 @@ class LocalFederation:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def __enter__(self) -> LocalFederation:
+    def __enter__(self) -> Self:
         try:
             self._start()
         except BaseException:

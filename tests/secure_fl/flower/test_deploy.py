@@ -7,7 +7,6 @@ import datetime
 import json
 import os
 import stat
-import subprocess
 import sys
 import time
 import tomllib
@@ -42,7 +41,7 @@ def test_the_server_certificate_is_signed_by_the_ca_for_loopback(tmp_path: Path)
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert names.get_values_for_type(x509.DNSName) == ["localhost"]
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     assert server.not_valid_before_utc < now < server.not_valid_after_utc
     key = serialization.load_pem_private_key(certs.server_key.read_bytes(), None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
@@ -183,9 +182,8 @@ def test_a_federation_that_fails_to_start_leaves_nothing(tmp_path: Path, monkeyp
         script.chmod(0o755)
     monkeypatch.setattr(local_module, "flower_executable", lambda name: fake / name)
     options = local_module.DeployOptions(nodes=2, keep=tmp_path / "work", startup_timeout=20)
-    with pytest.raises(local_module.DeployError, match="exited with 3: boom"):
-        with local_module.LocalFederation(options):
-            pass
+    with pytest.raises(local_module.DeployError, match="exited with 3: boom"), local_module.LocalFederation(options):
+        pass
 
 
 # --- timing -----------------------------------------------------------------------------------------
@@ -285,3 +283,34 @@ def test_a_port_that_cannot_be_bound_is_a_runtime_error(tmp_path: Path, monkeypa
     assert main(["deploy", "local", str(SMOKE), "--nodes", "5", "--store", str(tmp_path / "ws")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: could not bind a loopback port for the SuperLink after 3 tries")
+
+
+def test_the_json_adds_killed_nodes_and_each_round_s_bytes_and_timing() -> None:
+    from types import SimpleNamespace
+
+    from secure_fl.cli.deploy import _deploy_table, _run_json
+
+    history = [SimpleNamespace(round=0, metrics={"net.wire_bytes": 900.0, "net.transcript_bytes": 400.0,
+                                                 "net.stage.train.wire_bytes": 600.0,
+                                                 "net.stage.upload.wire_bytes": 300.0})]
+    summary = SimpleNamespace(id="r1", history=history, bytes_total=400,
+                              as_json=lambda: {"id": "r1", "status": "done", "bytes": {"total": 400}})
+    timing = {"round": 1, "wall": 10.0, "round_trips": 2, "waiting": 4.0, "waiting_share": 0.4, "server": 0.5,
+              "stages": [{"stage": "train", "wall": 6.0, "node": 4.0, "waiting": 2.0},
+                         {"stage": "upload", "wall": 3.5, "node": 1.5, "waiting": 2.0}]}
+    outcome = SimpleNamespace(run_id="77", status="finished:completed", seconds=12.0,
+                              flower_bytes={"inbound": 500, "outbound": 700, "total": 1200}, rounds=[timing],
+                              kills=[{"node": 2, "round": 1, "stage": None, "time": 5.0, "pids": [9]},
+                                     {"node": 0, "round": 1, "stage": "nope", "time": None, "pids": []}])
+    fields = {"engine": "flower", "dropouts": {"count": 1, "parties": [2], "by_round": {"0": [2]}}}
+    out = _run_json(summary, outcome, fields)
+    assert out["engine"] == "flower"
+    assert out["dropouts"] == {"count": 1, "parties": [2], "by_round": {"0": [2]}, "killed": [2]}  # fired only
+    flower = out["flower"]
+    assert flower["round_trips"] == 2 and flower["waiting_share"] == pytest.approx(0.4)
+    assert flower["bytes"]["total"] == 1200 and flower["transcript_bytes"] == 400
+    [round_1] = flower["rounds"]
+    assert (round_1["wire_bytes"], round_1["transcript_bytes"]) == (900.0, 400.0)
+    assert round_1["stage_wire_bytes"] == {"train": 600.0, "upload": 300.0}
+    table = _deploy_table([out])
+    assert "r1" in table and "40%" in table and "1,200" in table and "900" in table

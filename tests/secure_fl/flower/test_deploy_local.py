@@ -71,10 +71,15 @@ def test_deploy_local_over_tls_survives_a_node_killed_in_round_2(tmp_path: Path)
     config.write_text(CONFIG)
     mark = secrets.token_hex(8)
     env = {**os.environ, MARK: mark}
+    command = subprocess.Popen([sys.executable, "-m", "secure_fl", "deploy", "local", str(config), "--nodes", "3",
+                                "--tls", "--kill", "1@2:upload", "--json", "--store", str(tmp_path / "ws")],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run([sys.executable, "-m", "secure_fl", "deploy", "local", str(config), "--nodes", "3",
-                               "--tls", "--kill", "1@2:upload", "--json", "--store", str(tmp_path / "ws")],
-                              env=env, capture_output=True, text=True, timeout=400, check=False)
+        stdout, stderr = command.communicate(timeout=360)
+    except subprocess.TimeoutExpired:
+        command.terminate()  # SIGTERM: the command tears its federation down, then exits
+        stdout, stderr = command.communicate(timeout=60)
+        pytest.fail(f"deploy local did not finish within 360 s: {stderr[-2000:]}")
     finally:
         left = _marked(mark)
         for pid in left:  # the command's teardown failed: stop them by PID, then fail
@@ -83,8 +88,8 @@ def test_deploy_local_over_tls_survives_a_node_killed_in_round_2(tmp_path: Path)
             except ProcessLookupError:
                 pass
     assert left == [], f"processes left behind: {left}"
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run] = json.loads(done.stdout)["runs"]
+    assert command.returncode == 0, stderr[-3000:]
+    [run] = json.loads(stdout)["runs"]
     assert run["status"] == "done" and run["engine"] == "flower" and run["rounds"] == 2
     assert run["dropouts"] == {"count": 1, "parties": [1], "by_round": {"1": [1]}, "killed": [1]}
     flower = run["flower"]
