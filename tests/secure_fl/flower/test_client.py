@@ -61,6 +61,7 @@ def test_nodes_rebuilt_per_message_run_like_live_nodes(prior: str) -> None:
                 return answer
             for c in sim.nodes:
                 sim.network.attach(c, handler(c))
+            sim.network.before_handlers = None  # the embedded client pool's hook feeds sim.nodes, not ours
         sim.setup()
         out = []
         for _ in range(config.train.rounds):
