@@ -65,9 +65,12 @@ def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], r
         except BaseException as error:  # noqa: BLE001 -- re-raised in the caller's thread below
             errors.append(error)
 
+    # run_simulation is deprecated in favour of `flwr run` on a packaged app; with flwr pinned it is
+    # the in-process path that lets the ServerApp share this process's store, data and observer
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)
+    flwr_logger.setLevel(logging.ERROR)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs asked for: no warning about it
     try:
         run_simulation(server_app=app, client_app=client_app, num_supernodes=config.data.num_clients,
                        backend_config=backend_config(cpus_per_client=cpus_per_client))
