@@ -76,7 +76,10 @@ class ServerSettings:
                 raise ConfigError(f"ServerApp run config {name!r}: expected {kind}, got {value!r}")
             return value
 
-        overrides: Any = json.loads(get("overrides", str, "[]"))
+        try:
+            overrides: Any = json.loads(get("overrides", str, "[]"))
+        except ValueError:
+            overrides = None
         if not isinstance(overrides, list) or not all(
                 isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) for o in overrides):
             raise ConfigError("ServerApp run config 'overrides': a JSON list of [key, value] pairs")

@@ -53,3 +53,22 @@ def test_dropouts_come_from_the_network_metrics() -> None:
     fields = engine_fields(store, SimpleNamespace(id="r", history=history))
     assert fields == {"engine": "flower-simulation",
                       "dropouts": {"count": 2, "parties": [3, 12], "by_round": {"1": [3, 12], "2": [3]}}}
+
+
+def test_server_app_run_config_is_checked() -> None:
+    from secure_fl.config import ConfigError
+    from secure_fl.flower.apps import ServerSettings
+
+    settings = ServerSettings.from_run_config({
+        "config-path": "/x/c.toml", "run-index": 2, "store-path": "/x/s.sqlite", "run-id": "abc",
+        "stage-timeout": 5, "overrides": '[["train.rounds", 3], ["secure.protocol", "paillier"]]',
+        "events-path": "/x/e.jsonl"})
+    assert settings == ServerSettings(store_path="/x/s.sqlite", config_path="/x/c.toml", run_index=2, run_id="abc",
+                                      stage_timeout=5.0, overrides=(("train.rounds", "3"),
+                                                                    ("secure.protocol", "paillier")),
+                                      events_path="/x/e.jsonl")
+    assert ServerSettings.from_run_config({"store-path": "s"}).run_index == 0
+    for bad in ({"run-index": "0"}, {"run-index": True}, {"stage-timeout": "9"}, {"overrides": "[1]"},
+                {"overrides": "{}"}, {"overrides": "not json"}):
+        with pytest.raises(ConfigError, match="ServerApp run config"):
+            ServerSettings.from_run_config({"store-path": "s", **bad})
