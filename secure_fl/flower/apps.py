@@ -115,10 +115,12 @@ def _load(settings: ServerSettings) -> RunConfig:
 
 
 def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = None, observer: Any = None,
-          device: Any = None, dataset: Any = None, on_connected: Callable[[], None] | None = None) -> str:
+          device: Any = None, dataset: Any = None, on_connected: Callable[[], None] | None = None,
+          stop: threading.Event | None = None) -> str:
     """Play one run over ``grid`` and write it to the store; returns the run's id. ``config``,
     ``dataset`` and ``device`` default to the settings' file, its data set and the CPU;
-    ``on_connected`` hears when every node answered the hello."""
+    ``on_connected`` hears when every node answered the hello; setting ``stop`` ends the run at the
+    network's next poll (:class:`~secure_fl.flower.network.FlowerError`)."""
     import torch
 
     from secure_fl.runtime import execute_run
@@ -137,7 +139,8 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
 
     def harness(run: RunConfig, dev: torch.device, dataset: Any) -> FlowerServer:
         network = FlowerNetwork.connect(grid, config=json.dumps(run.to_dict(), sort_keys=True),
-                                        parties=run.data.num_clients, stage_timeout=timeout, on_event=events)
+                                        parties=run.data.num_clients, stage_timeout=timeout, on_event=events,
+                                        stop=stop)
         if on_connected is not None:
             on_connected()
         return FlowerServer(run, network=network, device=dev, dataset=dataset)

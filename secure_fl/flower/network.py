@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,11 @@ def wire_bytes(message: FlowerMessage) -> int:
     return total
 
 
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise FlowerError("the engine stopped (interrupted)")
+
+
 def _describe(outbox: Mapping[PartyId, Sequence[Message]]) -> tuple[int, str]:
     """The round and stage name of an exchange: ``train`` when it carries the round's model, else
     the first protocol message's stage."""
@@ -134,7 +140,7 @@ class FlowerNetwork(Network):
     def __init__(self, grid: GridLike, nodes: Mapping[PartyId, int], *, nonce: bytes, stage_timeout: float,
                  transcript: Transcript | None = None, on_event: EventSink | None = None,
                  poll_interval: float = 0.05, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, stop: threading.Event | None = None) -> None:
         if len(nonce) != NONCE_BYTES:
             raise ValueError("the network's nonce is 16 bytes")
         self.grid = grid
@@ -145,6 +151,8 @@ class FlowerNetwork(Network):
         self.on_event = on_event
         self.poll_interval = poll_interval
         self.clock, self.sleep = clock, sleep
+        self.stop = stop
+        """Set by whoever runs the engine when it stops (Ctrl-C): the next poll raises, no waiting out a timeout."""
         self.gone: set[PartyId] = set()
         self.dropouts: list[Dropout] = []
         self.stages: list[StageRecord] = []
@@ -161,9 +169,11 @@ class FlowerNetwork(Network):
         the run's public config and learn its party id (its ``partition-id``)."""
         clock: Callable[[], float] = options.get("clock", time.monotonic)
         sleep: Callable[[float], None] = options.get("sleep", time.sleep)
+        stop: threading.Event | None = options.get("stop")
         deadline = clock() + (stage_timeout if wait is None else wait)
         nodes = sorted(set(grid.get_node_ids()))
         while len(nodes) < parties and clock() < deadline:
+            _check(stop)
             sleep(poll_interval)
             nodes = sorted(set(grid.get_node_ids()))
         if len(nodes) < parties:
@@ -195,6 +205,7 @@ class FlowerNetwork(Network):
                 found[party] = node
             if not pending or clock() >= deadline:
                 break
+            _check(stop)
             sleep(poll_interval)
         missing = sorted(set(range(parties)) - set(found))
         if missing:
@@ -247,6 +258,7 @@ class FlowerNetwork(Network):
                 self._take(ex, reply)
             if not ex.pending or self.clock() >= deadline:
                 break
+            _check(self.stop)
             self.sleep(self.poll_interval)
         for party in sorted(ex.pending.values()):
             self._drop(ex, party, f"no reply within the stage timeout ({self.stage_timeout:g} s)", gone=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -51,6 +52,7 @@ def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], r
     from .apps import ServerSettings, client_app, serve
 
     errors: list[BaseException] = []
+    stop = threading.Event()
     marks: dict[str, float] = {"begin": time.perf_counter()}
     settings = ServerSettings(store_path=os.fspath(store), run_id=run_id, stage_timeout=stage_timeout,
                               events_path=events_path)
@@ -61,7 +63,7 @@ def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], r
         marks["server"] = time.perf_counter()
         try:
             serve(grid, settings, config=config, observer=observer, device=device, dataset=dataset,
-                  on_connected=lambda: marks.__setitem__("connected", time.perf_counter()))
+                  on_connected=lambda: marks.__setitem__("connected", time.perf_counter()), stop=stop)
         except BaseException as error:  # noqa: BLE001 -- re-raised in the caller's thread below
             errors.append(error)
 
@@ -75,6 +77,7 @@ def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], r
         run_simulation(server_app=app, client_app=client_app, num_supernodes=config.data.num_clients,
                        backend_config=backend_config(cpus_per_client=cpus_per_client))
     finally:
+        stop.set()  # Ctrl-C or a crash of the runtime: the ServerApp's thread stops at its next poll
         flwr_logger.setLevel(level)
     if errors:
         raise errors[0]

@@ -189,3 +189,20 @@ def test_below_the_threshold_the_round_aborts_and_the_run_says_why(config: RunCo
         run = store.run(run_id)
         assert run.status == "failed" and run.error and "1 < threshold 3" in run.error
     assert grid.clock.now <= TIMEOUT + 1
+
+
+def test_a_stopped_engine_ends_the_wait_at_the_next_poll(config: RunConfig) -> None:
+    import threading
+
+    from protocols import Exposure, Label
+
+    grid = FakeGrid(4, faults=[Fault(0, "drop")])
+    stop = threading.Event()
+    network = FlowerNetwork.connect(grid, config=json.dumps(config.to_dict()), parties=4, stage_timeout=TIMEOUT,
+                                    clock=grid.clock, sleep=grid.clock.sleep, stop=stop)
+    stop.set()
+    label = Label(protocol="plain", run_id="", stage="open", stage_index=0, statistic="x", round=0,
+                  exposure=Exposure.public())
+    with pytest.raises(FlowerError, match="stopped"):
+        network.exchange({0: [Message(b"x", label)]})
+    assert grid.clock.now < 1
