@@ -93,6 +93,9 @@ def simulation_executor(*, stage_timeout: float | None = None, events_path: str 
                 dataset: Dataset | None = None, observer: RunObserver | None = None, position: int = 0,
                 total: int = 1) -> RunSummary:
         try:
+            if store.checkpoint(run_id) is not None:  # refused before Ray starts (FlowerServer.prepare_resume says why)
+                raise StoreError(f"run {run_id} on flower-simulation cannot be resumed: its clients' state lived in "
+                                 "the nodes of the simulation that stopped; start the run again")
             times = run_flower_simulation(config, store=store.path, run_id=run_id, device=device, dataset=dataset,
                                           observer=observer, stage_timeout=stage_timeout, events_path=events_path)
         except BaseException as error:
