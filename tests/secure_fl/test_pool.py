@@ -1,0 +1,268 @@
+"""The client pool (issue 24): vectorised local training agrees with the per-client loop.
+
+Two levels: :func:`train_cohort` against :meth:`LocalTrainer.train` client by client (every
+model × loss, every kind of objective, uneven client sizes, empty clients, E > 1, momentum
+with and without Nesterov), and the embedded engine run with ``clients = "vectorised"`` against
+``"loop"`` for every method (same parameters after the rounds, same metrics to float
+tolerance). Data: scikit-learn's digits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from secure_fl.algorithms import ClientData, LocalObjective, LocalTrainer, LocalTraining
+from secure_fl.config import parse_config
+from secure_fl.data import load_dataset
+from secure_fl.losses import LOSSES, Loss, make_loss, register_loss
+from secure_fl.models import build_model
+from secure_fl.runtime import build_simulation
+from secure_fl.runtime.pool import ClientPool
+from secure_fl.training_pool import CohortJob, cohort_key, train_cohort, vectorisable
+
+CPU = torch.device("cpu")
+SIZES = (37, 20, 12, 0, 29, 5)
+"""Uneven clients, an empty one; with B = 8 every last batch has at least 3 samples (BatchNorm)."""
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    data = load_dataset("digits")
+    return torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+
+
+def clients_of(digits: tuple[torch.Tensor, torch.Tensor], sizes: Sequence[int] = SIZES,
+               channels: int = 1) -> list[ClientData]:
+    x, y = digits
+    out, begin = [], 0
+    for cid, n in enumerate(sizes):
+        xs = x[begin:begin + n].repeat(1, channels, 1, 1)
+        ys = y[begin:begin + n]
+        out.append(ClientData(cid, xs, ys, np.bincount(ys.numpy(), minlength=10)))
+        begin += n
+    return out
+
+
+def objective(kind: str, client: ClientData, trainer: LocalTrainer, start: torch.Tensor) -> LocalObjective:
+    g = torch.Generator().manual_seed(100 + client.client_id)
+    if kind == "plain":
+        return LocalObjective()
+    if kind == "weights":
+        return LocalObjective(class_weight=torch.rand(10, generator=g) + 0.5)
+    if kind == "weighted_mean":
+        return LocalObjective(class_weight=torch.rand(10, generator=g) + 0.5, weighted_mean=True)
+    if kind == "shift":
+        return LocalObjective(logit_shift=torch.randn(10, generator=g))
+    if kind == "proximal":  # FedProx's correction, mu = 0.1
+        anchor = trainer.layout.parameter_views(start)
+
+        def proximal(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+            torch._foreach_add_(list(grads), torch._foreach_sub(list(params), anchor), alpha=0.1)
+
+        return LocalObjective(gradient_correction=proximal)
+    raise AssertionError(kind)
+
+
+def compare(trainer: LocalTrainer, clients: Sequence[ClientData], kind: str, *, lr: float = 0.05,
+            atol: float = 1e-5) -> None:
+    start = trainer.layout.flatten()
+    loop = [trainer.train(c, start, lr=lr, shuffle=torch.Generator().manual_seed(c.client_id),
+                          objective=objective(kind, c, trainer, start)) for c in clients]
+    jobs = [CohortJob(data=c, start=start, lr=lr, shuffle=torch.Generator().manual_seed(c.client_id),
+                      objective=objective(kind, c, trainer, start)) for c in clients]
+    together = train_cohort(trainer, jobs)
+    for c, a, b in zip(clients, loop, together):
+        assert a.steps == b.steps, c.client_id
+        assert b.loss == pytest.approx(a.loss, rel=1e-4, abs=1e-6), c.client_id
+        torch.testing.assert_close(b.vector, a.vector, atol=atol, rtol=1e-4, msg=f"client {c.client_id}")
+    assert not torch.equal(together[0].vector, start)  # it trained
+
+
+TRAINING = LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3)
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("kind", ["plain", "weighted_mean", "shift"])
+def test_every_loss_matches_the_loop(digits: Any, loss: str, kind: str) -> None:
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,))
+    compare(LocalTrainer(model, training=TRAINING, loss=make_loss(loss)), clients_of(digits), kind)
+
+
+@pytest.mark.parametrize("kind", ["weights", "proximal"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_objectives_and_the_optimiser_match_the_loop(digits: Any, kind: str, nesterov: bool) -> None:
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,))
+    training = LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=nesterov)
+    compare(LocalTrainer(model, training=training, loss=make_loss("ce")), clients_of(digits), kind)
+
+
+@pytest.mark.parametrize("name", ["lenet5", "climb_cnn", "cnn7"])
+def test_convolutional_models_match_the_loop(digits: Any, name: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(name, input_shape=(1, 8, 8), num_classes=10)
+    compare(LocalTrainer(model, training=TRAINING, loss=make_loss("ce")), clients_of(digits), "weighted_mean",
+            lr=0.01)
+
+
+@pytest.mark.slow
+def test_batch_norm_keeps_per_client_running_statistics(digits: Any) -> None:
+    torch.manual_seed(0)
+    model = build_model("resnet18", input_shape=(3, 8, 8), num_classes=10)
+    training = LocalTraining(epochs=1, batch_size=8, lr=0.01, momentum=0.9)
+    trainer = LocalTrainer(model, training=training, loss=make_loss("ce"))
+    clients = clients_of(digits, (19, 11, 8), channels=3)
+    # digits' constant border pixels leave near-zero BatchNorm variances, which magnify the batched
+    # convolutions' different summation order (conv nets without BatchNorm agree to 1e-5 above)
+    compare(trainer, clients, "plain", lr=0.01, atol=5e-3)
+    start = trainer.layout.flatten()
+    out = train_cohort(trainer, [CohortJob(data=c, start=start, lr=0.01, shuffle=torch.Generator().manual_seed(0),
+                                           objective=LocalObjective()) for c in clients])
+    running = trainer.layout.slice_of("stem.1.running_mean")
+    assert not torch.allclose(out[0].vector[running], out[1].vector[running])  # each client its own
+
+
+def test_mixed_objectives_are_refused_in_one_cohort(digits: Any) -> None:
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(4,))
+    trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("ce"))
+    start = trainer.layout.flatten()
+    a, b = clients_of(digits, (8, 8))
+    jobs = [CohortJob(data=a, start=start, lr=0.1, shuffle=torch.Generator(), objective=LocalObjective()),
+            CohortJob(data=b, start=start, lr=0.1, shuffle=torch.Generator(),
+                      objective=LocalObjective(logit_shift=torch.zeros(10)))]
+    assert cohort_key(jobs[0]) != cohort_key(jobs[1])
+    with pytest.raises(ValueError, match="different kinds"):
+        train_cohort(trainer, jobs)
+
+
+@register_loss("test_pool_opaque")
+@dataclass(frozen=True)
+class Opaque(Loss):
+    """A loss with no batched form: the pool must not take it."""
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor, *,
+                 class_weight: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+def test_a_loss_without_a_batched_form_is_not_vectorisable() -> None:
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(4,))
+    trainer = LocalTrainer(model, training=TRAINING, loss=Opaque())
+    assert "no batched form" in (vectorisable(trainer) or "")
+    with pytest.raises(ValueError, match="no batched form"):
+        ClientPool(trainer)
+
+
+def test_chunks_by_memory_budget_give_the_same_results(digits: Any) -> None:
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,))
+    trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("ce"))
+    clients = clients_of(digits)
+    start = trainer.layout.flatten()
+
+    def run(budget: int | None) -> tuple[list[torch.Tensor], int]:
+        pool = ClientPool(trainer, memory_budget=budget)
+        pending = [pool.submit(lambda t, c=c: (t.train(c, start, lr=0.05, shuffle=torch.Generator().manual_seed(
+            c.client_id)), None), {}) for c in clients]  # type: ignore[misc]
+        pool.resolve()
+        return [p.result()[0].vector for p in pending], pool.cohorts  # type: ignore[union-attr]
+
+    whole, one = run(None)
+    chunked, many = run(1)  # one client per chunk
+    assert one == 1 and many == len(clients)
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+# --- the engine: vectorised and loop give the same run ---------------------------------------------
+
+METHODS = {
+    "fedavg": '"fedavg"',
+    "fedprox": '{ name = "fedprox", mu = 0.1 }',
+    "scaffold": '"scaffold"',
+    "fedshift": '"fedshift"',
+    "climb": '{ name = "climb", primal_steps = 1 }',
+    "reweighting": '"reweighting"',
+    "ratio_loss": '"ratio_loss"',
+}
+
+
+def run_config(method: str, clients: str, *, loss: str = "ce", extra: str = "") -> Any:
+    loss_name = "ratio" if method == "ratio_loss" else loss
+    text = f"""
+seed = 5
+[data]
+dataset = "digits"
+num_clients = 8
+train_samples = 1000
+partition = "dirichlet"
+partition_params = {{ alpha = 0.5 }}
+[model]
+name = "mlp"
+hidden = [16]
+[train]
+rounds = 3
+clients_per_round = 6
+batch_size = 16
+lr = 0.05
+momentum = 0.9
+weight_decay = 1e-4
+[loss]
+name = "{loss_name}"
+[runtime]
+clients = "{clients}"
+{extra}
+[[runs]]
+method = {METHODS[method]}
+"""
+    return parse_config(text).runs[0]
+
+
+def play(cfg: Any, rounds: int = 3) -> tuple[Any, list[dict[str, Any]]]:
+    sim = build_simulation(cfg, device=CPU)
+    sim.setup()
+    metrics = []
+    for _ in range(rounds):
+        sim.run_round()
+        metrics.append(sim.evaluate())
+    return sim, metrics
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_vectorised_and_loop_runs_agree(method: str) -> None:
+    vec, vec_metrics = play(run_config(method, "vectorised"))
+    loop, loop_metrics = play(run_config(method, "loop"))
+    assert vec.pool is not None and loop.pool is None
+    assert vec.pool.cohorts == 3  # one cohort a round: every node's training was pending together
+    torch.testing.assert_close(vec.global_vector, loop.global_vector, atol=1e-5, rtol=1e-4)
+    for a, b in zip(vec_metrics, loop_metrics):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=2 / 360)  # at most a couple of test images
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
+
+
+def test_a_checkpointed_vectorised_run_resumes_like_the_loop() -> None:
+    cfg = run_config("scaffold", "vectorised")
+    sim, _ = play(cfg, rounds=2)
+    checkpoint = sim.checkpoint()
+    resumed = build_simulation(cfg, device=CPU)
+    resumed.prepare_resume(checkpoint)
+    resumed.setup()
+    resumed.restore(checkpoint)
+    resumed.run_round()
+    sim.run_round()
+    torch.testing.assert_close(resumed.global_vector, sim.global_vector, atol=1e-6, rtol=1e-5)
+
+
+def test_what_cannot_be_vectorised_falls_back_to_the_loop_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="secure_fl.run"):
+        sim, _ = play(run_config("fedavg", "vectorised", loss="test_pool_opaque"), rounds=1)
+    assert sim.pool is None
+    said = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+    assert len(said) == 1 and "no batched form" in said[0]
