@@ -157,3 +157,13 @@ def test_policy_selection_takes_whole_cohorts_and_follows_the_guard() -> None:
     restored = PolicySelection(RandomSelection(), guard)
     restored.load_state_dict(json.loads(json.dumps(guarded.state_dict())))
     assert restored.history == guarded.history and restored.fallbacks == guarded.fallbacks
+
+
+@pytest.mark.slow
+def test_dubhe_selects_whole_cohorts_without_refusals() -> None:
+    settings = AuditSettings(rounds=3, key_bits=1024,
+                             selection_params={"dubhe": {"key_bits": 1024, "allow_weak_keys": True}})
+    cell = audit_cell("dubhe", "masking", settings, dataset=load_dataset_for(settings), mitigation="cohorts")
+    assert cell.status == "ok", cell.reason
+    # Dubhe's own per-client statistics are exempt; the method's sums all take whole cohorts
+    assert cell.selection_cost["refusals"] == 0 and cell.selection_cost["distinct_sets"] <= 2
