@@ -167,3 +167,18 @@ def test_dubhe_selects_whole_cohorts_without_refusals() -> None:
     assert cell.status == "ok", cell.reason
     # Dubhe's own per-client statistics are exempt; the method's sums all take whole cohorts
     assert cell.selection_cost["refusals"] == 0 and cell.selection_cost["distinct_sets"] <= 2
+
+
+def test_a_clients_guard_history_survives_its_snapshot() -> None:
+    settings = AuditSettings(rounds=2)
+    config = run_config("fedavg", "plain", settings, mitigation="guard")
+    dataset = load_dataset_for(settings)
+    sim = build_simulation(config, device=torch.device("cpu"), dataset=dataset)
+    sim.setup()
+    for _ in range(2):
+        sim.run_round()
+    joined = next(n for n in sim.nodes.values() if n.participant.guard and n.participant.guard.history)
+    fresh = build_simulation(config, device=torch.device("cpu"), dataset=dataset).nodes[joined.client_id]
+    fresh.restore(joined.snapshot())
+    assert fresh.participant.guard is not None and joined.participant.guard is not None
+    assert fresh.participant.guard.history == joined.participant.guard.history
