@@ -19,7 +19,8 @@ Prints one JSON object ``{"case", "ours", "peer", "ratio", "unit", "detail"}`` w
     ``--ring N``) vs ceil(d / slots) x one TenSEAL ciphertext under the same parameters,
     serialised the usual way (``CKKSVector.serialize()``, one real per slot).
 ``simulation``
-    One FedAvg round vs one centralised epoch (runs bench/simulation.py).
+    One FedAvg round vs one centralised epoch (runs bench/simulation.py): ``ours``/``ratio`` are the
+    default client path (vectorised, the client pool); ``loop``/``loop_ratio`` the per-client loop.
 ``flower-secagg``
     Our masking through Flower vs Flower's own ``SecAggPlusWorkflow`` on the same SuperLink and
     SuperNodes, same n and d: seconds and bytes per round (runs bench/flower_secagg.py; its
