@@ -203,7 +203,7 @@ class FlowerNetwork(Network):
                 if party in found:
                     raise FlowerError(f"nodes {found[party]} and {node} both claim partition {party}")
                 found[party] = node
-            if not pending or clock() >= deadline:
+            if not pending or len(found) == parties or clock() >= deadline:  # extra nodes need not answer
                 break
             _check(stop)
             sleep(poll_interval)

@@ -7,7 +7,8 @@ round and stage (the exchange's stage name): ``drop`` (the node never gets the m
 ``lost`` (it handles it, the reply vanishes), ``error`` (Flower's error reply for a dead node,
 code 5), ``garbage``, ``replay`` (its previous reply again), ``foreign`` (a reply of another
 server), ``impostor`` (the reply claims another node), ``delay`` (the reply shows up ``delay``
-seconds later on the fake clock), ``stray`` (an extra reply to no message: ignored).
+seconds later on the fake clock), ``stray`` (an extra reply to no message: ignored). Stage
+``hello`` puts a fault on the hello.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ class FakeGrid:
         return ids
 
     def _fault(self, message: Message) -> Fault | None:
-        if message.metadata.message_type != EXCHANGE:
-            return None
-        request = read_request(message.content)
         party = self.party(message.metadata.dst_node_id)
+        if message.metadata.message_type != EXCHANGE:  # the hello: faults with stage "hello"
+            return next((f for f in self.faults if f.stage == "hello" and f.party == party), None)
+        request = read_request(message.content)
         return next((f for f in self.faults if f.matches(party, request.round, request.stage)), None)
 
     def _deliver(self, message: Message) -> None:

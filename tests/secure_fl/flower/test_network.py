@@ -206,3 +206,12 @@ def test_a_stopped_engine_ends_the_wait_at_the_next_poll(config: RunConfig) -> N
     with pytest.raises(FlowerError, match="stopped"):
         network.exchange({0: [Message(b"x", label)]})
     assert grid.clock.now < 1
+
+
+def test_a_silent_extra_node_costs_no_wait(config: RunConfig) -> None:
+    grid = FakeGrid(5, faults=[Fault(4, "drop", stage="hello")])
+    for context in grid.contexts.values():
+        context.node_config["num-partitions"] = 4
+    network = FlowerNetwork.connect(grid, config=json.dumps(config.to_dict()), parties=4, stage_timeout=TIMEOUT,
+                                    clock=grid.clock, sleep=grid.clock.sleep)
+    assert sorted(network.nodes) == [0, 1, 2, 3] and grid.clock.now < 1
