@@ -42,12 +42,12 @@ from typing import Any, Literal
 from secure_fl.suggest import did_you_mean
 
 __all__ = [
+    "MITIGATIONS",
     "ComponentConfig",
     "ConfigError",
     "DPSGDSettings",
     "DataConfig",
     "ExperimentConfig",
-    "MITIGATIONS",
     "MitigationConfig",
     "ModelConfig",
     "PrivacyConfig",

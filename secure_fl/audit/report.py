@@ -156,8 +156,8 @@ class AuditReport:
                   "every release composed at δ = the sum of the noised statistics' δ (∞: no formal guarantee); "
                   "tail accuracy: mean test accuracy over the last "
                   f"{min(self.settings.tail_rounds, self.settings.rounds)} rounds, Δ against no mitigation (points)."),
-                 "", "| method | protocol | mitigation | disaggregation | update labels | ε | tail acc. | Δ | "
-                 "refusals / fallbacks / sets |", "|---|---|---|---|---|---|---|---|---|"]
+                 "", ("| method | protocol | mitigation | disaggregation | update labels | ε | tail acc. | Δ | "
+                      "refusals / fallbacks / sets |"), "|---|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             if c.status != "ok":
                 lines.append(f"| {c.method} | {c.protocol} | {c.mitigation} | {c.status}: "

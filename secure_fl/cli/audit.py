@@ -27,7 +27,12 @@ def _names(text: str) -> list[str]:
 
 
 def register(subparsers: Any) -> None:
-    from secure_fl.audit.settings import DEFAULT_METHODS, DEFAULT_MITIGATIONS, DEFAULT_PROTOCOLS, AuditSettings
+    from secure_fl.audit.settings import (
+        DEFAULT_METHODS,
+        DEFAULT_MITIGATIONS,
+        DEFAULT_PROTOCOLS,
+        AuditSettings,
+    )
 
     d = AuditSettings()
     p = subparsers.add_parser(

@@ -33,7 +33,7 @@ def _guard(config: RunConfig, exempt: frozenset[str]) -> ReleasePolicy:
 def _cohorts(config: RunConfig, exempt: frozenset[str]) -> ReleasePolicy:
     params = config.mitigation.params
     assert isinstance(params, CohortMitigation)
-    return FixedCohorts(cohorts=make_cohorts(config.data.num_clients, params.size, config.seed), exempt=exempt)
+    return FixedCohorts(cohorts=make_cohorts(config.data.num_clients, size=params.size, seed=config.seed), exempt=exempt)
 
 
 POLICIES: dict[str, Callable[[RunConfig, frozenset[str]], ReleasePolicy]] = {"guard": _guard, "cohorts": _cohorts}

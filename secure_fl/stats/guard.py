@@ -35,7 +35,7 @@ MAX_CANDIDATE_SETS = 200_000
 appear together); beyond this many it refuses rather than guess."""
 
 
-def small_set_in_span(rows: Sequence[Sequence[int]], k: int, *, num_clients: int) -> tuple[int, ...] | None:
+def small_set_in_span(rows: Sequence[Sequence[int]], k: int) -> tuple[int, ...] | None:
     """A non-empty set of fewer than ``k`` clients whose indicator lies in the span of the
     participation ``rows`` (each a tuple of client ids), or ``None`` when there is none.
 
@@ -75,7 +75,7 @@ def small_set_in_span(rows: Sequence[Sequence[int]], k: int, *, num_clients: int
     return None
 
 
-def make_cohorts(num_clients: int, size: int, seed: int) -> tuple[tuple[int, ...], ...]:
+def make_cohorts(num_clients: int, *, size: int, seed: int) -> tuple[tuple[int, ...], ...]:
     """Clients 0..N-1 grouped once into ⌊N/size⌋ cohorts of at least ``size`` (a public, seeded
     shuffle; the remainder is spread over the first cohorts)."""
     if not 2 <= size <= num_clients:
@@ -123,7 +123,7 @@ class SpanGuard(ReleasePolicy):
         if participants in history:
             return None  # a repeated set adds nothing to the span
         try:
-            exposed = small_set_in_span([*history, participants], self.k, num_clients=num_clients)
+            exposed = small_set_in_span([*history, participants], self.k)
         except ValueError as error:
             return f"guard: {error}"
         if exposed is None:

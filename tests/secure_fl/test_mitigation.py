@@ -15,7 +15,13 @@ from secure_fl.audit.settings import AuditSettings
 from secure_fl.config import ConfigError, GuardMitigation, parse_config
 from secure_fl.runtime import build_simulation
 from secure_fl.stats import TOTAL_SAMPLES
-from secure_fl.stats.guard import FixedCohorts, ReleaseChecker, SpanGuard, make_cohorts, small_set_in_span
+from secure_fl.stats.guard import (
+    FixedCohorts,
+    ReleaseChecker,
+    SpanGuard,
+    make_cohorts,
+    small_set_in_span,
+)
 
 BASE = """
 [data]
@@ -29,12 +35,12 @@ clients_per_round = 4
 
 
 def test_span_rule_finds_a_differenced_client_and_passes_disjoint_sets() -> None:
-    assert small_set_in_span([(0, 1, 2, 3), (0, 1, 2)], 2, num_clients=8) == (3,)
-    assert small_set_in_span([(0, 1, 2, 3), (4, 5, 6, 7)], 4, num_clients=8) is None
+    assert small_set_in_span([(0, 1, 2, 3), (0, 1, 2)], 2) == (3,)
+    assert small_set_in_span([(0, 1, 2, 3), (4, 5, 6, 7)], 4) is None
     # No two rows isolate client 0, all five together do (4·e0 = Σ rows with 0 − 3·row without it).
     rows = [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 3, 4), (0, 2, 3, 4)]
-    assert small_set_in_span(rows, 2, num_clients=5) is None
-    assert small_set_in_span([*rows, (1, 2, 3, 4)], 2, num_clients=5) is not None
+    assert small_set_in_span(rows, 2) is None
+    assert small_set_in_span([*rows, (1, 2, 3, 4)], 2) is not None
 
 
 def test_guard_checker_refuses_with_the_exposed_set_and_allows_a_repeat() -> None:
@@ -52,8 +58,8 @@ def test_guard_checker_refuses_with_the_exposed_set_and_allows_a_repeat() -> Non
 
 
 def test_cohorts_are_seeded_disjoint_and_large_enough() -> None:
-    cohorts = make_cohorts(10, 3, seed=7)
-    assert cohorts == make_cohorts(10, 3, seed=7)
+    cohorts = make_cohorts(10, size=3, seed=7)
+    assert cohorts == make_cohorts(10, size=3, seed=7)
     assert sorted(c for g in cohorts for c in g) == list(range(10))
     assert len(cohorts) == 3 and all(len(g) >= 3 for g in cohorts)
     policy = FixedCohorts(cohorts=cohorts)
@@ -142,7 +148,7 @@ def test_policy_selection_takes_whole_cohorts_and_follows_the_guard() -> None:
     from secure_fl.selection import RandomSelection
     from secure_fl.selection.mitigation import PolicySelection
 
-    cohorts = make_cohorts(8, 4, seed=0)
+    cohorts = make_cohorts(8, size=4, seed=0)
     selection = PolicySelection(RandomSelection(), FixedCohorts(cohorts=cohorts))
     assert all(selection.select(_context(r)) in cohorts for r in range(6))
     everyone = PolicySelection(RandomSelection(), FixedCohorts(cohorts=cohorts))
