@@ -34,7 +34,9 @@ class MaskingOptions:
     ``threshold``
         Shares needed to recover one client's secret, among its ``degree + 1`` holders
         (its neighbours and itself). An ``int`` is absolute; a ``float`` in (0, 1] is a
-        fraction of the holders, rounded up. ``None``: ``ceil(2m/3)`` holders for
+        fraction of the holders, rounded up. Always a strict majority (``2t > holders``;
+        anything less is refused): below it a server that equivocates about dropouts collects
+        both secrets of one client from disjoint groups of honest holders. ``None``: ``ceil(2m/3)`` holders for
         ``masking`` (``m`` participants), and for ``secagg+`` ``ceil(2(k+1)/3)`` clamped
         into the range Bell et al.'s bounds allow. Higher ``t`` means more colluding
         clients are needed to unmask anyone (and a lying server must fool more clients);
@@ -90,6 +92,8 @@ class MaskingOptions:
             holders = self.degree + (self.degree & 1) + 1  # the degree rounds up to even
             if isinstance(t, int) and t > holders:
                 raise ValueError(f"threshold {t} exceeds the {holders} holders of each secret")
+            if isinstance(t, int) and 2 * t <= holders:
+                raise ValueError(_minority(t, holders))
         for name in ("dropout_rate", "corruption_rate"):
             rate = getattr(self, name)
             if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
@@ -181,6 +185,9 @@ def sparse_graph_parameters(
        ``t_high`` bounds the latter from below except with probability ``2**-eta / n``
        (every needed secret keeps ``t`` holders).
 
+    ``t_low`` is always at least a strict majority of the ``k + 1`` holders (``2t > k + 1``,
+    the issue-22 rule: with a smaller ``t`` a server that equivocates about dropouts reads an
+    input, shown at ``n = 12``), so the search may pick a larger ``k`` than the bounds alone.
     With ``active`` (an active server), ``t_low`` is raised to
     :func:`active_threshold` ``(k + 1, t_low - 1)`` — a strict majority of the holders beyond the
     ``t_low - 1`` corrupt neighbours the bound allows — and the search goes on to larger ``k``
@@ -210,7 +217,10 @@ def sparse_graph_parameters(
                 break
             t_high = x
             below += survive_pmf[x]
-        t_low = max(t_low_minus_1 + 1, 2)
+        # Always a strict majority of each secret's holders (2t > k + 1): a server that tells
+        # different holders different stories about who dropped cannot then collect both
+        # secrets of one client from honest holders. Active: a majority beyond the corrupt too.
+        t_low = max(t_low_minus_1 + 1, 2, active_threshold(k + 1, 0))
         if active:
             t_low = max(t_low, active_threshold(k + 1, t_low_minus_1))
         if t_low <= t_high:
@@ -232,7 +242,15 @@ def resolve_threshold(requested: int | float | None, holders: int, default: int)
             raise ValueError("a threshold of 1 lets any single holder unmask a client; use at least 2")
     if t > holders:
         raise ThresholdError(f"threshold {t} exceeds the {holders} holders of each secret in this run")
+    if holders >= 2 and 2 * t <= holders:
+        raise ValueError(_minority(t, holders))
     return t
+
+
+def _minority(t: int, holders: int) -> str:
+    return (f"threshold {t} is not a strict majority of the {holders} holders of each secret: a server that "
+            f"tells different holders different stories about who dropped could collect both secrets of one "
+            f"client and read its input; use at least {active_threshold(holders, 0)}")
 
 
 def _check_active(t: int, holders: int, corrupt: int, options: MaskingOptions) -> None:

@@ -83,7 +83,7 @@ def test_sum_equals_plain_sum_without_dropouts(name, n):
     assert out.rejected == ()
 
 
-@pytest.mark.parametrize("name, options", [("masking", {}), ("secagg+", {"degree": 8, "threshold": 4})])
+@pytest.mark.parametrize("name, options", [("masking", {}), ("secagg+", {"degree": 8, "threshold": 5})])
 @pytest.mark.parametrize("stage", STAGES)
 def test_dropouts_at_each_stage_keep_the_sum_exact(name, options, stage):
     n = 20
@@ -107,7 +107,7 @@ def test_dropouts_spread_over_every_stage(name):
     spec = VectorSpec(length=25, bound=100, summands=n)
     inputs = inputs_for(n, 25, 100, seed=4)
     plan = {0: "advertise_keys", 7: "share_keys", 13: "upload", 21: "unmasking", 29: "result"}
-    options = {"degree": 10, "threshold": 5} if name == "secagg+" else {}
+    options = {"degree": 10, "threshold": 6} if name == "secagg+" else {}
     out = make_sum(name, clients=range(n), **options).sum(inputs, spec=spec, dropouts=DropoutPlan(plan))
     counted = [c for c in range(n) if c not in (0, 7, 13)]
     assert out.dropped == (0, 7, 13)
@@ -754,12 +754,16 @@ def test_threshold_resolution():
     assert complete.parameters(100) == GroupParameters(100, 99, 67)
     assert complete.parameters(3) == GroupParameters(3, 2, 2)
     assert complete.parameters(1) == GroupParameters(1, 0, 1)
-    assert make_sum("masking", clients=range(10), threshold=0.5).server.parameters(10).threshold == 5
+    assert make_sum("masking", clients=range(10), threshold=0.6).server.parameters(10).threshold == 6
+    with pytest.raises(ValueError, match="not a strict majority of the 10 holders"):
+        make_sum("masking", clients=range(10), threshold=0.5).server.parameters(10)
+    with pytest.raises(ValueError, match="use at least 5"):
+        MaskingOptions(degree=8, threshold=4)
     assert make_sum("masking", clients=range(10), threshold=7).server.parameters(10).threshold == 7
-    sparse_sum = make_sum("secagg+", clients=range(10), degree=5, threshold=0.5)
+    sparse_sum = make_sum("secagg+", clients=range(10), degree=5, threshold=0.6)
     sparse = sparse_sum.server
     assert isinstance(sparse, SparseServerSession)
-    assert sparse.parameters(10) == GroupParameters(10, 6, 4)  # degree rounds up to even
+    assert sparse.parameters(10) == GroupParameters(10, 6, 5)  # degree rounds up to even
     assert sparse.parameters(4).degree == 3  # never beyond the complete graph
     # Clients compute the same parameters themselves, from the same public options.
     assert sparse_sum.client_session(3).parameters(10) == sparse.parameters(10)
