@@ -182,6 +182,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             raise RuntimeError(f"{name}: Flower run {outcome.status}: {outcome.log[-800:]}")
     with RunStore(store_path) as store:
         rows = store.rounds(run_id)
+    _cleanup(work)  # kept when anything above failed, for its logs
     accuracy = rows[-1].accuracy if rows else None
     ours_mean = statistics.mean(r["wall"] for r in ours.rounds)
     peer_mean = statistics.mean(r["wall"] for r in peer.rounds)
@@ -217,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[:0] = [str(HERE.parent)]
     print(json.dumps(measure(args)))
     return 0
+
+
+def _cleanup(work: Path) -> None:
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

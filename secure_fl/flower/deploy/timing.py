@@ -86,7 +86,9 @@ def round_timings(events: Sequence[dict[str, Any]], spans: Iterable[NodeSpan]) -
         start, end = mine[0]["start"], min(following) if following else mine[-1]["end"]
         stages = []
         for e in mine:
-            held = [s.sent - s.received for s in spans if e["start"] <= s.received and s.sent <= e["end"]]
+            # a span belongs to the exchange in which the node received its message; its reply may be
+            # logged a moment after the server pulled it, so the span is cut at the exchange's end
+            held = [min(s.sent, e["end"]) - s.received for s in spans if e["start"] <= s.received <= e["end"]]
             node = max(held, default=0.0)
             stages.append({"stage": e["stage"], "wall": e["end"] - e["start"], "node": node,
                            "waiting": max(0.0, e["end"] - e["start"] - node)})
