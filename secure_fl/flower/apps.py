@@ -53,6 +53,10 @@ log = logging.getLogger("secure_fl.flower")
 
 # --- the server ---------------------------------------------------------------------------------------
 
+HELLO_TIMEOUT = 300.0
+"""Seconds the ServerApp waits at least for the nodes and their hellos: a node's first message starts its
+ClientApp process or Ray actor, which imports PyTorch and loads the data set (slow on a busy machine)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
@@ -140,7 +144,7 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
     def harness(run: RunConfig, dev: torch.device, dataset: Any) -> FlowerServer:
         network = FlowerNetwork.connect(grid, config=json.dumps(run.to_dict(), sort_keys=True),
                                         parties=run.data.num_clients, stage_timeout=timeout, on_event=events,
-                                        stop=stop)
+                                        stop=stop, wait=max(timeout, HELLO_TIMEOUT))
         if on_connected is not None:
             on_connected()
         return FlowerServer(run, network=network, device=dev, dataset=dataset)
@@ -198,10 +202,12 @@ client_app = ClientApp()
 
 @client_app.query("hello")
 def _hello(message: Message, context: Context) -> Message:
-    """The run's public config: checked (it must parse) and kept; answered with this node's party."""
+    """The run's public config: checked (it must parse, and this node must find its data and partition —
+    loaded here, under the hello's longer wait, not in the first stage) and kept; answered with this
+    node's party."""
     hello = read_hello(message.content)
-    pid, parties, _ = _node_config(context)
-    _config(hello.config)
+    pid, parties, data_path = _node_config(context)
+    NodeHost.node(_config(hello.config), pid, data_path=data_path)
     context.state[KEY] = ConfigRecord({"config": hello.config, "snapshot": b"", "live": b""})
     return Message(write_hello_reply(nonce=hello.nonce, party=pid, parties=parties), reply_to=message)
 

@@ -165,26 +165,28 @@ class FlowerNetwork(Network):
     @classmethod
     def connect(cls, grid: GridLike, *, config: str, parties: int, stage_timeout: float,
                 wait: float | None = None, poll_interval: float = 0.05, **options: Any) -> FlowerNetwork:
-        """Wait for ``parties`` nodes (at most ``wait`` seconds, default the stage timeout), send each
-        the run's public config and learn its party id (its ``partition-id``)."""
+        """Wait for ``parties`` nodes, send each the run's public config and learn its party id (its
+        ``partition-id``); each of the two waits lasts at most ``wait`` seconds (default the stage
+        timeout): a node's first message may start its process or actor and import the stack."""
         clock: Callable[[], float] = options.get("clock", time.monotonic)
         sleep: Callable[[float], None] = options.get("sleep", time.sleep)
         stop: threading.Event | None = options.get("stop")
-        deadline = clock() + (stage_timeout if wait is None else wait)
+        wait = stage_timeout if wait is None else wait
+        deadline = clock() + wait
         nodes = sorted(set(grid.get_node_ids()))
         while len(nodes) < parties and clock() < deadline:
             _check(stop)
             sleep(poll_interval)
             nodes = sorted(set(grid.get_node_ids()))
         if len(nodes) < parties:
-            raise FlowerError(f"{len(nodes)} of {parties} nodes connected within {stage_timeout:g} s")
+            raise FlowerError(f"{len(nodes)} of {parties} nodes connected within {wait:g} s")
         nonce = secrets.token_bytes(NONCE_BYTES)
         messages = {node: FlowerMessage(write_hello(nonce=nonce, config=config), dst_node_id=node,
                                         message_type=HELLO) for node in nodes}
         ids = set(grid.push_messages(list(messages.values())))
         pending = {m.metadata.message_id: node for node, m in messages.items() if m.metadata.message_id in ids}
         found: dict[PartyId, int] = {}
-        deadline = clock() + stage_timeout
+        deadline = clock() + wait
         while pending:
             for reply in grid.pull_messages(list(pending)):
                 node = pending.pop(reply.metadata.reply_to_message_id, None)
@@ -210,7 +212,7 @@ class FlowerNetwork(Network):
         missing = sorted(set(range(parties)) - set(found))
         if missing:
             raise FlowerError(f"no node answered for partition(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}"
-                              f" within {stage_timeout:g} s")
+                              f" within {wait:g} s")
         return cls(grid, found, nonce=nonce, stage_timeout=stage_timeout, poll_interval=poll_interval, **options)
 
     # --- exchanges -------------------------------------------------------------------------------------
