@@ -23,6 +23,7 @@ from .errors import (
     ThresholdError,
     WireError,
 )
+from .identity import Authenticator, Directory, Identity
 from .network import DropoutPlan, Label, LocalNetwork, Message, Network, Replies, RunContext, drive
 from .registry import PROTOCOLS
 from .session import ClientEndpoint, ClientSession, RunResult, ServerSession, SumRequest
@@ -35,15 +36,18 @@ __all__ = [
     "SERVER",
     "AbortedError",
     "AuthenticationError",
+    "Authenticator",
     "BoundError",
     "CapacityError",
     "CiphertextError",
     "ClientEndpoint",
     "ClientSession",
+    "Directory",
     "DropoutPlan",
     "EncodingError",
     "Exposure",
     "ForeignKeyError",
+    "Identity",
     "Label",
     "LocalNetwork",
     "Message",

@@ -189,7 +189,11 @@ class SecureConfig:
     ``update_protocol`` is ``clear`` (float32 sum, no encoding) or a protocol name, with
     fixed-point encoding of ``update_frac_bits`` fractional bits and per-entry bound
     ``update_clip`` (larger entries are clipped and counted). ``options`` holds each
-    protocol's keyword options (``[secure.paillier] key_bits = 2048``).
+    protocol's keyword options (``[secure.paillier] key_bits = 2048``). ``authenticate``: every
+    party gets an Ed25519 signing key registered before the run (the embedded engine plays the
+    registration step) and every protocol message is signed and checked against the registry;
+    it also turns on what needs registered keys (CKKS/BFV verified aggregates; masking's
+    ``active_server`` may then be set).
     """
 
     protocol: str = "plain"
@@ -198,6 +202,7 @@ class SecureConfig:
     update_frac_bits: int = 24
     statistics: dict[str, str] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    authenticate: bool = False
 
     def __post_init__(self) -> None:
         from protocols import PROTOCOLS
@@ -216,6 +221,9 @@ class SecureConfig:
         _check(0 <= self.update_frac_bits <= 52, "update_frac_bits", f"must lie in [0, 52], got {self.update_frac_bits}")
         for protocol, options in self.options.items():
             _check_protocol_options(protocol, options)
+            _check(not options.get("active_server") or self.authenticate, f"{protocol}.active_server",
+                   "defending against an active server needs registered signing keys: set "
+                   "secure.authenticate = true")
 
     def protocol_options(self) -> dict[str, dict[str, Any]]:
         return {name: dict(options) for name, options in self.options.items()}
@@ -1049,6 +1057,8 @@ def _plain(section: Any) -> dict[str, Any]:
 def _secure_dict(secure: SecureConfig) -> dict[str, Any]:
     out = _plain(secure)
     out.update(out.pop("options"))
+    if not out["authenticate"]:
+        del out["authenticate"]  # runs stored before the option existed keep their identity
     if not out["statistics"]:
         del out["statistics"]
     return out

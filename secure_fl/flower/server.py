@@ -73,6 +73,10 @@ class FlowerServer:
     """The runner's harness for a Flower engine (see the module docstring)."""
 
     def __init__(self, config: RunConfig, *, network: FlowerNetwork, device: torch.device, dataset: Dataset) -> None:
+        if config.secure.authenticate:
+            raise ValueError("secure.authenticate needs every node's signing key registered before the run; the "
+                             "Flower engines have no such registration step yet (Flower's node authentication "
+                             "covers only SuperNode to SuperLink): run it on the embedded engine")
         self.config = config
         self.network = network
         self.device = device

@@ -232,4 +232,5 @@ def build_simulation(
             noised.statistics[DEFAULT_STATISTIC].delta if noised is not None else None),
         holdout=held_out(dataset, indices),
         clients_path=config.runtime.clients,
+        authenticate=config.secure.authenticate,
     )

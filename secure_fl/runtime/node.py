@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from protocols import Message, PolicyError, ProtocolError, StageError, SumRequest, WireError
+from protocols import Directory, Identity, Message, PolicyError, ProtocolError, StageError, SumRequest, WireError
 from secure_fl.algorithms import (
     ClientContext,
     ClientData,
@@ -83,6 +83,7 @@ class ClientNode:
         extra_sessions: Mapping[tuple[str, str], Any] | None = None,
         noise_seed: Callable[[str, int, int], np.random.SeedSequence] | None = None,
         pool: ClientPool | None = None,
+        authenticate: bool = False,
     ) -> None:
         self.client_id = data.client_id
         self.data = data
@@ -120,6 +121,15 @@ class ClientNode:
             on_learned=self._learned, extra_sessions=extra_sessions,
             noise_seed=None if noise_seed is None else (lambda name, r: noise_seed(name, r, self.client_id)),
         )
+        self.identity = Identity(self.client_id) if authenticate else None
+        """This client's signing key (``authenticate``): made here, never leaves the node; only its
+        public half goes to the registration step (:meth:`register`)."""
+
+    def register(self, directory: Directory) -> None:
+        """Set-up: the registry of every party's public key, this node's among them."""
+        if self.identity is None:
+            raise RuntimeError("this node was built without authenticate")
+        self.participant.register(self.identity, directory)
 
     # --- the network side ----------------------------------------------------------------------
 

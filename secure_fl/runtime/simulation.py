@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocols import LocalNetwork, Transcript
+from protocols import SERVER, Directory, Identity, LocalNetwork, Transcript
 from secure_fl.algorithms import ClientData, HeldOut, LocalTrainer, LocalTraining, Method, RunInfo
 from secure_fl.algorithms.base import SIMULATOR_TELEMETRY_PREFIX, check_round_metrics
 from secure_fl.losses import Loss
@@ -112,6 +112,7 @@ class Simulation:
         network: LocalNetwork | None = None,
         clients_path: str = "vectorised",
         pool_memory: int | None = None,
+        authenticate: bool = False,
     ) -> None:
         ids = sorted(clients)
         if ids != list(range(len(ids))):
@@ -155,7 +156,7 @@ class Simulation:
             node = ClientNode(
                 data=clients[cid], method=method.client(self.info), plan=plan, info=self.info, trainer=trainer,
                 seeds=seeds, digest=digest, selection=selection.client(num_classes=num_classes), dp_sgd=dp_sgd,
-                extra_sessions=extra, noise_seed=noise_seed, pool=self.pool)
+                extra_sessions=extra, noise_seed=noise_seed, pool=self.pool, authenticate=authenticate)
             self.nodes[cid] = node
             self.network.attach(cid, node.handle)
         if self.pool is not None:
@@ -164,6 +165,8 @@ class Simulation:
         stats = StatsCoordinator(plan, mailbox)
         for (protocol, tag), options in extra.items():
             stats.add_session(protocol, tag, options)
+        if authenticate:
+            self._register(stats)
         server_model = copy.deepcopy(model)
         self.server = ServerLoop(
             info=self.info, method=method.server(self.info), selection=selection, stats=stats,
@@ -175,6 +178,16 @@ class Simulation:
         self._released = 0
         self.on_client: Callable[[int, int, int], None] | None = None
         """Progress hook (round, clients done, clients selected), called as the cohort's updates arrive."""
+
+    def _register(self, stats: StatsCoordinator) -> None:
+        """Harness, playing a deployment's registration step (a PKI): each party made its own
+        signing key; the public halves go into one registry every party gets before the run."""
+        server = Identity(SERVER)
+        keys = {cid: node.identity.public_bytes for cid, node in self.nodes.items() if node.identity is not None}
+        directory = Directory({**keys, SERVER: server.public_bytes})
+        for node in self.nodes.values():
+            node.register(directory)
+        stats.register(server, directory)
 
     @staticmethod
     def _pool(trainer: LocalTrainer, path: str, *, dp_sgd: bool, memory: int | None) -> ClientPool | None:

@@ -22,7 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocols import Network, RunContext, ServerSession, SumRequest, Transcript, descriptor, drive
+from protocols import (
+    Authenticator,
+    Directory,
+    Identity,
+    Network,
+    RunContext,
+    ServerSession,
+    SumRequest,
+    Transcript,
+    descriptor,
+    drive,
+)
 
 from .declaration import StatisticDeclaration
 from .plan import Layouts, StatisticsPlan, ascending
@@ -53,6 +64,14 @@ class StatsCoordinator:
             self.ledger = PrivacyLedger()
         self._accounting: dict[str, NoisySum] = {}
         self._once: dict[tuple[str, int, tuple[int, ...]], Release] = {}
+        self.authenticator: Authenticator | None = None
+        """Set by :meth:`register` (``authenticate``): the server signs and checks every envelope."""
+
+    def register(self, identity: Identity, directory: Directory) -> None:
+        """Set-up: the server's signing key and the registry of everyone's, before any sum."""
+        if self._sessions:
+            raise RuntimeError("register keys before the first sum")
+        self.authenticator = Authenticator(identity, directory)
 
     @property
     def transcript(self) -> Transcript:
@@ -78,6 +97,8 @@ class StatsCoordinator:
             options = self._options[key] if tag else self.plan.options_for(protocol)
             session = descriptor(protocol).server_session(clients=self.clients, options=options)
             session.tag = tag
+            if self.authenticator is not None:
+                session.directory = self.authenticator.directory
             self._sessions[key] = session
         return session
 
@@ -89,7 +110,7 @@ class StatsCoordinator:
             party = session.setup(run_id=run_id, round=round, statistic=f"{tag}_setup" if tag else "setup")
             if party is not None:
                 context = RunContext(protocol, run_id, round, party.request.statistic, descriptor(protocol).stages)
-                drive(party, self.network, context)
+                drive(party, self.network, context, authenticator=self.authenticator)
         return session
 
     def declare(self, declaration: StatisticDeclaration) -> StatisticDeclaration:
@@ -128,7 +149,7 @@ class StatsCoordinator:
         party = session.open(run_id=run_id, request=request)
         start = len(self.transcript)
         context = RunContext(layout.protocol, run_id, round, declaration.name, descriptor(layout.protocol).stages)
-        refusals = drive(party, self.network, context)
+        refusals = drive(party, self.network, context, authenticator=self.authenticator)
         contributors = tuple(party.contributors)
         value: np.ndarray | None = None
         clipped: int | None = None

@@ -22,10 +22,13 @@ import numpy as np
 import numpy.typing as npt
 
 from protocols import (
+    Authenticator,
     BoundError,
     ClientEndpoint,
     ClientSession,
+    Directory,
     EncodingError,
+    Identity,
     Message,
     PolicyError,
     ProtocolError,
@@ -88,6 +91,14 @@ class StatsParticipant:
 
     def handle(self, data: bytes) -> list[Message]:
         return self.endpoint.handle(data)
+
+    def register(self, identity: Identity, directory: Directory) -> None:
+        """Set-up: this client's signing key and the registry of everyone's (``authenticate``).
+        From now on it signs every message it sends and refuses any not signed by its sender's
+        registered key; its sessions check the signatures their protocols carry."""
+        for session in self.sessions.values():
+            session.register(identity, directory)
+        self.endpoint.authenticator = Authenticator(identity, directory)
 
     # --- checks ---------------------------------------------------------------------------------
 
