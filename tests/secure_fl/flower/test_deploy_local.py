@@ -1,6 +1,10 @@
 """``secure-fl deploy local`` for real: a SuperLink and 3 SuperNodes on loopback over TLS with node
 authentication, node 1 SIGKILLed in round 2 after it shared its key (the survivors reveal its
-Shamir shares), bounded in time; every process is gone afterwards."""
+Shamir shares), bounded in time; every process is gone afterwards.
+
+The bound is 360 s (about 3 minutes is expected on 2 idle cores: every message starts a ClientApp
+process, a killed node is reported by Flower after ~45 s); ``SECURE_FL_DEPLOY_TEST_SECONDS``
+raises it on a machine shared with other work."""
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ stage_timeout = 150.0
 """
 
 MARK = "SECURE_FL_TEST_MARK"
+LIMIT = float(os.environ.get("SECURE_FL_DEPLOY_TEST_SECONDS", "360"))
 
 
 def _marked(mark: str) -> list[int]:
@@ -65,7 +70,7 @@ def _marked(mark: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(LIMIT + 90)
 def test_deploy_local_over_tls_survives_a_node_killed_in_round_2(tmp_path: Path) -> None:
     config = tmp_path / "kill.toml"
     config.write_text(CONFIG)
@@ -75,11 +80,11 @@ def test_deploy_local_over_tls_survives_a_node_killed_in_round_2(tmp_path: Path)
                                 "--tls", "--kill", "1@2:upload", "--json", "--store", str(tmp_path / "ws")],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = command.communicate(timeout=360)
+        stdout, stderr = command.communicate(timeout=LIMIT)
     except subprocess.TimeoutExpired:
         command.terminate()  # SIGTERM: the command tears its federation down, then exits
         stdout, stderr = command.communicate(timeout=60)
-        pytest.fail(f"deploy local did not finish within 360 s: {stderr[-2000:]}")
+        pytest.fail(f"deploy local did not finish within {LIMIT:.0f} s: {stderr[-2000:]}")
     finally:
         left = _marked(mark)
         for pid in left:  # the command's teardown failed: stop them by PID, then fail
