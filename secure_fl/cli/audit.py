@@ -14,6 +14,8 @@ import json
 import logging
 from typing import Any
 
+from secure_fl.cli.keys import add_key_options, key_bits_problem
+
 log = logging.getLogger("secure_fl.cli")
 
 __all__ = ["register", "run"]
@@ -55,8 +57,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--alpha", type=float, default=d.partition_params["alpha"],
                    help=f"Dirichlet concentration of the partition (default {d.partition_params['alpha']})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of data, partition and training (default {d.seed})")
-    p.add_argument("--key-bits", type=int, default=d.key_bits,
-                   help=f"Paillier modulus size (default {d.key_bits}; below 2048 only for tests)")
+    add_key_options(p, default=d.key_bits)
     p.add_argument("--keyholder", choices=["agent", "all", "server"], default=d.keyholder,
                    help="who holds the HE secret key (default: an agent client; 'server' is the weak mode "
                         "the audit flags; CKKS has no server mode and uses the agent then)")
@@ -89,7 +90,7 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--rounds and --clients must be >= 1 and --per-round in [1, --clients]"
     if not args.alpha > 0:
         return "--alpha must be positive"
-    return None
+    return key_bits_problem(args, uses_paillier="paillier" in args.protocols or "dubhe" in args.methods)
 
 
 def run(args: argparse.Namespace) -> int:

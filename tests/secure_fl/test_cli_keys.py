@@ -1,4 +1,4 @@
-"""One key-size rule (issue 22 item 7): every subcommand that makes Paillier keys refuses keys
+"""One key-size rule (issue 22 item 7): every subcommand (sum, select, dp-check, audit) that makes Paillier keys refuses keys
 below 2048 bits with exit 2 and one line, unless --insecure-test-keys says it is a test."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ COMMANDS = {
     "sum": ["sum", "--protocol", "paillier", "--clients", "3", "--length", "4"],
     "select": ["select", "--strategy", "dubhe", "--protocol", "paillier", "--clients", "10", "--per-round", "4",
                "--repeats", "1", "--tries", "1", "--sigma", "0.7,0.1", "--samples-per-class", "50"],
+    "audit": ["audit", "--methods", "fedavg", "--protocols", "paillier", "--rounds", "1"],
     "dp-check": ["dp-check", "--protocol", "paillier", "--epsilon", "1", "--delta", "1e-5", "--classes", "2",
                  "--clients", "2", "--trials", "20", "--batch", "20"],
 }

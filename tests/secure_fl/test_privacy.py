@@ -409,7 +409,7 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_paillier_table_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     code = dp_check_main(["dp-check", "--epsilon", "2", "--delta", "1e-6", "--classes", "3", "--clients", "4",
-                          "--protocol", "paillier", "--key-bits", "1024", "--trials", "200", "--batch", "100",
+                          "--protocol", "paillier", "--key-bits", "1024", "--insecure-test-keys", "--trials", "200", "--batch", "100",
                           "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "protocol paillier" in out and "OK" in out
