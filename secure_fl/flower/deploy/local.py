@@ -211,7 +211,6 @@ class LocalFederation:
                 argv += ["--insecure"]
             child = self.processes.start(f"superlink-{attempt}", argv, log_path=self.logs / f"superlink-{attempt}.log")
             if self._listening(child, deadline=time.monotonic() + self.options.startup_timeout):
-                self.superlink_child = child
                 return
             text = _tail(child.log_path)
             if "address already in use" not in text.lower():
@@ -261,7 +260,8 @@ class LocalFederation:
                      "--auth-supernode-private-key", str(self.node_keys[node].private_key)]
         else:
             argv += ["--insecure"]
-        env_log = self.logs / f"node-{node}.log"
+        starts = sum(1 for c in self.processes.children if c.node == node)
+        env_log = self.logs / (f"node-{node}.log" if not starts else f"node-{node}.{starts}.log")  # a fresh log per start
         # DEBUG puts a timestamp on the node's log lines: when it received each message and sent
         # its reply (timing.py). The log stays in the private work directory.
         child = self.processes.start(f"node-{node}", argv, log_path=env_log, node=node,
@@ -310,7 +310,8 @@ class LocalFederation:
                                 run_config=run_config)
         stream_log = self.logs / f"run-{self._runs}.log"
         started = time.time()
-        marks = {c.node: c.log_path.stat().st_size for c in self.processes.children if c.node is not None}
+        marks = {c.log_path: c.log_path.stat().st_size for c in self.processes.children
+                 if c.node is not None and c.log_path.exists()}
         with KillWatcher(events, tuple(kills), self.processes.kill_node) as watcher, stream_log.open("wb") as out:
             submit = subprocess.Popen([str(self.flwr), "run", str(project), CONNECTION, "--stream"], env=self.env,
                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -335,7 +336,7 @@ class LocalFederation:
         for child in self.processes.children:
             if child.node is not None and child.log_path.exists():
                 with child.log_path.open("rb") as handle:
-                    handle.seek(marks.get(child.node, 0) if child.log_path.stat().st_size >= marks.get(child.node, 0) else 0)
+                    handle.seek(marks.get(child.log_path, 0))  # this run's part of the log
                     spans += node_spans(child.node, handle.read().decode(errors="replace"))
         traffic = info.get("network-traffic", {})
         event_list = read_events(events)

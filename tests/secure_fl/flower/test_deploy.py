@@ -314,3 +314,49 @@ def test_the_json_adds_killed_nodes_and_each_round_s_bytes_and_timing() -> None:
     assert round_1["stage_wire_bytes"] == {"train": 600.0, "upload": 300.0}
     table = _deploy_table([out])
     assert "r1" in table and "40%" in table and "1,200" in table and "900" in table
+
+
+FAKE_SUPERLINK = """#!{python}
+import socket, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", port))
+server.listen()
+print("Application startup complete", flush=True)
+time.sleep(600)
+"""
+
+FAKE_SUPERNODE = """#!{python}
+import sys, time
+config = sys.argv[sys.argv.index("--node-config") + 1]
+pid = int(config.split()[0].split("=")[1])
+print(f"SuperNode ID: {{1000 + pid}}", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_launcher_starts_kills_restarts_and_stops_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against fake Flower executables: the SuperLink listens, N nodes come online with their ids,
+    a killed node is started again with a fresh log, and closing leaves no process."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, text in (("flower-superlink", FAKE_SUPERLINK), ("flower-supernode", FAKE_SUPERNODE), ("flwr", "")):
+        script = fake / name
+        script.write_text(text.format(python=sys.executable))
+        script.chmod(0o755)
+    monkeypatch.setattr(local_module, "flower_executable", lambda name: fake / name)
+    options = local_module.DeployOptions(nodes=3, keep=tmp_path / "work", startup_timeout=60)
+    with local_module.LocalFederation(options) as federation:
+        assert federation.node_ids == {0: 1000, 1: 1001, 2: 1002}
+        assert federation.restart_dead_nodes() == []
+        before = federation.processes.pids()
+        killed = federation.processes.kill_node(1)
+        assert killed and set(killed) < before
+        assert federation.restart_dead_nodes() == [1]
+        logs = sorted(p.name for p in (tmp_path / "work" / "logs").glob("node-1*.log"))
+        assert logs == ["node-1.1.log", "node-1.log"]
+        assert len([c for c in federation.processes.children if c.node == 1]) == 2
+        pids = federation.processes.pids()
+    assert federation.left_behind == []
+    assert not any(_alive(pid) for pid in pids)
