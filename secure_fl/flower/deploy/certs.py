@@ -82,7 +82,7 @@ def make_server_certificates(directory: Path, *, hosts: tuple[str, ...] = ("127.
         raise CertificateError("the SuperLink certificate needs at least one host name or address")
     alt_names = _subject_names(hosts)
     directory.mkdir(parents=True, exist_ok=True)
-    start = (now or datetime.datetime.now(datetime.timezone.utc)) - datetime.timedelta(minutes=5)
+    start = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(minutes=5)
     ca_key = ec.generate_private_key(CURVE)
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "secure-fl federation CA")])
     ca_cert = (
