@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
+
 from .encoding import FloatArray
-from .errors import ReplayError, StageError
+from .errors import AbortedError, ReplayError, StageError
 from .transcript import Exposure
 from .wire import OPEN, SERVER, SHARED_STAGES, Envelope, PartyId
 
@@ -130,6 +133,23 @@ class ServerParty(Party):
         """Participants the server left out of the run on evidence against them, with the reason."""
         self.rejected_from: dict[PartyId, str] = {}
         """The last message the driver rejected (or the refusal it received) from each client."""
+        self.release_from: PartyId | None = None
+        """The key holder whose release of the sum was accepted first (HE protocols)."""
+        self._released: npt.NDArray[np.uint64] | None = None
+
+    def accept_release(self, sender: PartyId, encoded_sum: npt.NDArray[np.uint64], result: FloatArray) -> bool:
+        """Key holders asked to release one aggregate must agree: the first release sets the
+        result (True); a later one equal to it changes nothing (False); a different one withdraws
+        the result and aborts (:class:`AbortedError`: one of them lies)."""
+        if self._released is not None:
+            if not np.array_equal(self._released, encoded_sum):
+                self.result, self.finished = None, False
+                raise AbortedError(f"key holders {self.release_from} and {sender} released different sums "
+                                   "of the same aggregate: one of them lies")
+            return False
+        self._released, self.release_from = encoded_sum, sender
+        self.result, self.finished = result, True
+        return True
 
     def start(self) -> list[Outgoing]:
         payload = self.request.to_bytes(clients=self.clients)

@@ -164,10 +164,8 @@ class PaillierServer(ServerParty):
         """Key holders asked to release the sum to the server: up to :data:`RELEASERS` under
         ``keyholder="all"``, so one that fails to decrypt or drops out costs nothing; their
         releases must agree exactly."""
-        self.release_from: PartyId | None = None
         self.stage = Stage.UPLOAD
         self._late_open: list[Outgoing] = []
-        self._released: npt.NDArray[np.uint64] | None = None
 
     def start(self) -> list[Outgoing]:
         """Open at the participants; an agent that does not contribute gets its open with the aggregate."""
@@ -194,15 +192,8 @@ class PaillierServer(ServerParty):
             raise StageError("the key holder released a sum over other contributors than were aggregated")
         result = _decode(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
-        if self._released is not None:
-            if not np.array_equal(self._released, released.encoded_sum):
-                self.result, self.finished = None, False
-                raise AbortedError(f"key holders {self.release_from} and {env.sender} released different sums "
-                                   "of the same aggregate: one of them lies")
+        if not self.accept_release(env.sender, released.encoded_sum, result):
             return []
-        self._released, self.release_from = released.encoded_sum, env.sender
-        self.result = result
-        self.finished = True
         return self._relay(released.encoded_sum)
 
     def advance(self) -> list[Outgoing]:

@@ -447,8 +447,6 @@ class SealServer(ServerParty):
         self.context, self.agent, self.shared, self.symmetric = context, agent, shared, symmetric
         self.sizes = context.params.chunk_sizes(self.spec.length)
         self.releasers: tuple[PartyId, ...] = ()
-        self.release_from: PartyId | None = None
-        self._released: npt.NDArray[np.uint64] | None = None
         self.decryptors: tuple[PartyId, ...] = ()
         self.gate = StageGate(run_id, scheme.protocol, SERVER)
         self.gate.open = {Stage.UPLOAD}
@@ -505,15 +503,8 @@ class SealServer(ServerParty):
             raise StageError("the key holder released a sum over other contributors than were aggregated")
         result = _decoded(self.spec, released.encoded_sum, len(released.contributors))
         self.gate.record(env)
-        if self._released is not None:
-            if not np.array_equal(self._released, released.encoded_sum):
-                self.result, self.finished = None, False
-                raise AbortedError(f"key holders {self.release_from} and {env.sender} released different sums "
-                                   "of the same aggregate: one of them lies")
+        if not self.accept_release(env.sender, released.encoded_sum, result):
             return []
-        self._released, self.release_from = released.encoded_sum, env.sender
-        self.result = result
-        self.finished = True
         waiting = [pid for pid in self.contributors if pid not in self.decryptors] if self.reveal.clients else []
         payload = env.payload  # relayed unchanged: verified, it carries the releaser's signature
         exposure = Exposure.aggregate(len(self.contributors), self.spec.length)
