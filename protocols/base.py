@@ -133,6 +133,9 @@ class ServerParty(Party):
         """Participants the server left out of the run on evidence against them, with the reason."""
         self.rejected_from: dict[PartyId, str] = {}
         """The last message the driver rejected (or the refusal it received) from each client."""
+        self.flagged: dict[PartyId, str] = {}
+        """Contributors the server caught sending something wrong that it could leave out while
+        keeping their input (e.g. a wrong Shamir share at unmasking), with the evidence."""
         self.release_from: PartyId | None = None
         """The key holder whose release of the sum was accepted first (HE protocols)."""
         self._released: npt.NDArray[np.uint64] | None = None
@@ -186,6 +189,9 @@ class SumOutcome:
     excluded: Mapping[PartyId, str] = field(default_factory=dict)
     """Each participant left out of the sum (``dropped``), with why: the evidence the server
     had against it, the last message of it that was rejected, its refusal, or no answer."""
+    flagged: Mapping[PartyId, str] = field(default_factory=dict)
+    """Each contributor (its input is in ``total``) one of whose messages was left out, with why:
+    a wrong share, a message that failed to verify, a replay in its name."""
 
 
 def stage_names(stages: type[IntEnum]) -> dict[int, str]:

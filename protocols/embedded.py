@@ -189,13 +189,15 @@ class SecureSum:
         dropped = tuple(sorted(set(values) - set(contributors)))
         excluded = {pid: server.excluded.get(pid) or server.rejected_from.get(pid) or "no answer (dropped out)"
                     for pid in dropped}
+        flagged = {pid: "; ".join(r for r in (server.rejected_from.get(pid), server.flagged.get(pid)) if r)
+                   for pid in contributors if pid in server.flagged or pid in server.rejected_from}
         return SumOutcome(
             total=results[0], contributors=contributors,
             dropped=dropped, learned_by=frozenset(holders),
             clipped=clipped, run_id=run_id.hex(),
             timings=Timings(client_upload_median=statistics.median(uploads) if uploads else 0.0,
                             aggregate=server.timings.get("aggregate", 0.0), finalize=finalize),
-            rejected=tuple(rejected) + tuple(server.rejections), excluded=excluded,
+            rejected=tuple(rejected) + tuple(server.rejections), excluded=excluded, flagged=flagged,
         )
 
     def parties(self) -> dict[PartyId, Party]:

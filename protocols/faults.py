@@ -7,7 +7,9 @@ attacker on that party's side (or, for ``equivocate``, the server) could do to o
     flips a bit in the party's input message (its masked vector or ciphertexts) on its way
     to the server.
 ``share``
-    (masking) changes one of the Shamir shares the party reveals at unmasking.
+    (masking) changes one of the Shamir shares the party reveals at unmasking. The party
+    itself is the attacker here: given its identity (:meth:`TamperingNetwork.sign_as`), the
+    wrong share is signed with the party's own key, so only the share check can catch it.
 ``replay``
     sends the party's input message a second time.
 ``forge``
@@ -30,6 +32,7 @@ from typing import Any, Final, Literal
 
 from .base import Outgoing
 from .errors import ProtocolError
+from .identity import Authenticator, Identity
 from .masking import MaskingServer
 from .network import LocalNetwork, Message, Replies
 from .transcript import Transcript
@@ -85,6 +88,13 @@ class TamperingNetwork(LocalNetwork):
         self.input_stages = frozenset(input_stages)
         self.applied = 0
         """How many messages were tampered with."""
+        self._signer: Identity | None = None
+
+    def sign_as(self, identity: Identity) -> None:
+        """Sign the party's altered messages with its own key (a malicious party, not the wire)."""
+        if identity.party != self.tamper.party:
+            raise ValueError("the tampering network signs only as the tampering party")
+        self._signer = identity
 
     def _is_input(self, message: Message) -> bool:
         return message.label.stage in self.input_stages
@@ -129,6 +139,9 @@ class TamperingNetwork(LocalNetwork):
         payload[4:37] = ((value + 1) % PRIME).to_bytes(33, "big")
         self.applied += 1
         bad = Envelope(env.protocol, env.stage, env.run_id, env.sender, env.receiver, bytes(payload), env.signature)
+        if self._signer is not None and env.signature:
+            unsigned = bad.unsigned()
+            bad = unsigned.with_signature(self._signer.sign(Authenticator.statement(unsigned)))
         return Message(bad.to_bytes(), message.label)
 
     def _relabel(self, donor: Message, party: PartyId) -> Message:

@@ -84,8 +84,6 @@ class MaskingServer(ServerParty):
         self.advertised: tuple[PartyId, ...] = ()
         self.signatures: dict[PartyId, bytes] = {}
         self._checker = shamir.ShareChecker(params.threshold)
-        self.bad_shares: dict[PartyId, list[str]] = {}
-        """Holders that revealed shares off their secret's polynomial, with what was wrong."""
 
     @property
     def threshold(self) -> int:
@@ -313,7 +311,8 @@ class MaskingServer(ServerParty):
         for x in recovered.bad:
             self.rejections.append(f"ShareError: client {x - 1} revealed a wrong share of client {owner}'s {what} "
                                    "(left out)")
-            self.bad_shares.setdefault(x - 1, []).append(f"a wrong share of client {owner}'s {what}")
+            wrong = f"ShareError: a wrong share of client {owner}'s {what}"
+            self.flagged[x - 1] = f"{self.flagged[x - 1]}; {wrong}" if x - 1 in self.flagged else wrong
         return recovered.secret
 
     def _after_unmasking(self) -> list[Outgoing]:

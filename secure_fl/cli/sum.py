@@ -133,7 +133,11 @@ def _check(args: argparse.Namespace) -> Tamper | None:
 
 
 def _excluded(outcome: Any) -> dict[str, str]:
-    return {str(pid): reason for pid, reason in sorted(outcome.excluded.items())}
+    """Who was left out and why: parties out of the sum, and contributors whose input counts but
+    one of whose messages (a wrong share, a replay in their name) was left out."""
+    out = {pid: reason for pid, reason in outcome.excluded.items()}
+    out.update({pid: f"{reason} (left out; its input counts)" for pid, reason in outcome.flagged.items()})
+    return {str(pid): out[pid] for pid in sorted(out)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if network is not None and tamper is not None and tamper.kind == "share":
+        network.sign_as(session.identities[tamper.party])  # the party itself sends the wrong share
     servers = equivocate(session, tamper.party) if tamper is not None and tamper.kind == "equivocate" else []
     try:
         session.setup(round=-1)  # the key set-up, as messages between the parties (none for unkeyed protocols)

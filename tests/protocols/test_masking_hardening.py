@@ -62,6 +62,7 @@ def test_one_corrupted_self_mask_share_never_gives_a_wrong_sum(trial):
     assert np.array_equal(out.total, plain_sum(inputs, out.contributors))
     assert out.contributors == tuple(range(n))
     assert any("client 0" in r and "share" in r for r in out.rejected), out.rejected
+    assert list(out.flagged) == [0] and out.flagged[0].startswith("ShareError: a wrong share")  # named, input kept
 
 
 def test_a_wrong_share_with_no_surplus_is_a_typed_error_never_a_wrong_sum():
@@ -99,6 +100,7 @@ def test_several_corrupted_shares_are_all_named_while_the_surplus_suffices():
     assert np.array_equal(out.total, plain_sum(inputs, range(n)))
     named = " ".join(out.rejected)
     assert "client 2" in named and "client 5" in named
+    assert sorted(out.flagged) == [2, 5]
 
 
 # --- one misbehaving client costs only itself ----------------------------------------------------------

@@ -101,11 +101,13 @@ def test_tamper_is_excluded_with_a_correct_sum_or_a_typed_error(protocol: str, k
         assert code == 1 and report["error"]["class"].endswith("Error")
         return
     assert code == 0 and report["correct"] is True
-    if kind in ("upload", "forge"):
-        assert list(report["excluded"]) == [str(party)]
-        assert report["excluded"][str(party)].startswith("AuthenticationError")
-    else:
-        assert report["excluded"] == {}
+    assert list(report["excluded"]) == [str(party)]  # the bad share's or message's sender is named
+    reason = report["excluded"][str(party)]
+    if kind in ("upload", "forge"):  # out of the sum
+        assert reason.startswith("AuthenticationError") and "its input counts" not in reason
+    else:  # a wrong share signed by its sender, or a replay in its name: left out, its input counted
+        assert reason.startswith({"share": "ShareError: a wrong share", "replay": "ReplayError"}[kind])
+        assert reason.endswith("(left out; its input counts)")
 
 
 def test_equivocation_exposes_no_input_under_secagg_plus_defaults_nor_with_active_server(
