@@ -472,6 +472,30 @@ def _check_mitigation(mitigation: MitigationConfig, data: DataConfig, privacy: P
                           "(or use mitigation 'none' with it)")
 
 
+def _check_distributed_dp(run: RunConfig, source: str) -> None:
+    """Distributed DP calibrates each client's noise for the *sum*: a statistic or update that
+    the server receives one by one (a protocol of the ``clear`` family: ``plain``, ``clear``)
+    would carry only a fraction of the noise the reported ε assumes, so that is refused."""
+    from protocols import DESCRIPTORS
+    from secure_fl.stats import DEFAULT_STATISTIC
+
+    everything = isinstance(run.mitigation.params, DPMitigation)
+    if not everything and not run.privacy.statistics:
+        return
+    noised = {name: protocol for name, protocol in planned_protocols(run).items()
+              if everything or name in run.privacy.statistics or DEFAULT_STATISTIC in run.privacy.statistics}
+    if everything:
+        noised["model updates (secure.update_protocol)"] = run.secure.update_protocol
+    for name, protocols in sorted(noised.items()):
+        clear = [p for p in protocols.split("/") if DESCRIPTORS[p].family == "clear"]
+        if clear:
+            table = "mitigation 'dp'" if everything else "privacy.statistics"
+            raise ConfigError(f"{source}: {table}: distributed DP adds each client's share of the noise before a "
+                              f"secure sum, but {name} goes through {clear[0]!r}, which hands the server every "
+                              "client's input: choose a secure protocol ([secure] protocol, update_protocol or "
+                              "secure.statistics: masking, secagg+, paillier, ckks, bfv)")
+
+
 @dataclass(frozen=True)
 class ComponentConfig:
     """A registry name and its parameters (method, loss, selection)."""
@@ -624,6 +648,8 @@ def parse_config(text: str, *, source: str = "<string>", assignments: Sequence[O
             where = " ".join(parts)
             runs.append(_build_run(candidate, source=source if not where else f"{source} ({where})", label=where))
     _check_statistic_names(runs, source)
+    for run in runs:
+        _check_distributed_dp(run, source)
     name = raw.get("name", Path(source).stem if source != "<string>" else "experiment")
     return ExperimentConfig(name=str(name), runs=tuple(runs), source=source)
 

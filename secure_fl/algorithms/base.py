@@ -205,7 +205,12 @@ class ServerRound:
             raise ValueError(f"statistic {weight.name!r} must be learned by the clients to scale by it")
         total = self.request(weight)
         if total.value is not None and total.scalar() <= 0:
-            raise ValueError(f"statistic {weight.name!r} summed to {total.scalar()}; cannot average")
+            hint = ("" if total.noise is None else
+                    f": its distributed-DP noise (σ {total.noise.get('sigma_total', float('nan')):.3g} for a "
+                    f"sensitivity of {total.noise.get('sensitivity', {}).get('linf', float('nan')):.3g}) "
+                    f"swamps {len(total.contributors)} clients' counts; client-level counts need far more "
+                    "clients per round: use [mitigation] counts = \"record\" or a larger epsilon")
+            raise ValueError(f"statistic {weight.name!r} summed to {total.scalar():g}; cannot average{hint}")
         return self.update_sum(statistic, cohort=total.contributors)
 
 

@@ -376,8 +376,7 @@ def _run_epsilon(sim: Any) -> tuple[float | None, float | None]:
     ledger = sim.stats.ledger
     if not sim.dp_enabled or ledger is None or not ledger.releases:
         return None, None
-    deltas = [noisy.config.delta for name, noisy in sim.stats.noisy.items() if name in ledger.statistics()]
-    delta = min(sum(deltas), 0.5) if deltas else float(sim.privacy_delta)
+    delta = float(sim.run_delta())
     states = sim.dp_sgd_states()
     worst = None
     if states and sim.dp_sgd_config is not None:

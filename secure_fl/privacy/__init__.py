@@ -31,7 +31,7 @@ from .accounting import (
     rdp_to_dp,
 )
 from .distributed import DistributedDP, Level, NoisyRelease, NoisySum, PrivacyBudgetError
-from .ledger import MODEL, RUN, Guarantee, PrivacyLedger, Release, formal_guarantees
+from .ledger import MODEL, RUN, Guarantee, PrivacyLedger, Release, composition_delta, formal_guarantees
 from .sources import CryptoRandom, InsecureRandomWarning, RandomSource, SeededRandom, random_source
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "calibrate_sigma",
     "create_mechanism",
     "empirical_check",
+    "composition_delta",
     "formal_guarantees",
     "random_source",
     "rdp_to_dp",

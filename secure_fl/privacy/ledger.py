@@ -28,7 +28,7 @@ from .accounting import ORDERS, Sensitivity, create_mechanism, with_failure
 if TYPE_CHECKING:
     from .dpsgd import DPSGDState
 
-__all__ = ["MODEL", "RUN", "Guarantee", "PrivacyLedger", "Release", "formal_guarantees"]
+__all__ = ["MODEL", "RUN", "Guarantee", "PrivacyLedger", "Release", "composition_delta", "formal_guarantees"]
 
 MODEL = "model"
 """Key of the DP-SGD (model) guarantee in :func:`formal_guarantees`."""
@@ -157,6 +157,15 @@ class PrivacyLedger:
     @classmethod
     def from_json(cls, text: str) -> PrivacyLedger:
         return cls.from_dict(json.loads(text))
+
+
+def composition_delta(statistic_deltas: Iterable[float], *, fallback: float) -> float:
+    """The δ at which a run's releases compose into one ε: the sum of the noised statistics' δ,
+    capped at 0.5. Each statistic's calibration charges up to its own δ for sampler and tail
+    failures, so composing several at one statistic's δ would be vacuous (ε = ∞). ``fallback``
+    (the run's reporting δ) when no statistic is noised."""
+    deltas = list(statistic_deltas)
+    return min(sum(deltas), 0.5) if deltas else fallback
 
 
 def formal_guarantees(

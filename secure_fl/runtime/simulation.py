@@ -41,7 +41,7 @@ from protocols import SERVER, Directory, Identity, LocalNetwork, Transcript
 from secure_fl.algorithms import ClientData, HeldOut, LocalTrainer, LocalTraining, Method, RunInfo
 from secure_fl.algorithms.base import SIMULATOR_TELEMETRY_PREFIX, check_round_metrics
 from secure_fl.losses import Loss
-from secure_fl.privacy import MODEL, RUN, formal_guarantees
+from secure_fl.privacy import MODEL, RUN, composition_delta, formal_guarantees
 from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.pool import ClientPool
 from secure_fl.runtime.rng import Seeds
@@ -287,7 +287,7 @@ class Simulation:
     def privacy_report(self) -> dict[str, RoundPrivacy]:
         """Privacy spent so far: ``"model"`` (DP-SGD: largest and mean client ε — simulator
         telemetry from the nodes' accountants), one entry per noised statistic (the server's
-        ledger) and ``"run"`` (everything composed at :attr:`privacy_delta`)."""
+        ledger) and ``"run"`` (everything composed at :meth:`run_delta`)."""
         out: dict[str, RoundPrivacy] = {}
         states = self.dp_sgd_states()
         worst: int | None = None
@@ -308,10 +308,18 @@ class Simulation:
                 g = ledger.guarantee(delta, statistic=name)
                 out[name] = RoundPrivacy(epsilon=g.epsilon, delta=g.delta, releases=g.releases)
             model = {worst: states[worst]} if worst is not None else None
-            total = formal_guarantees(ledger, delta=self.privacy_delta, model=model).get(RUN)
+            total = formal_guarantees(ledger, delta=self.run_delta(), model=model).get(RUN)
             if total is not None:
                 out[RUN] = RoundPrivacy(epsilon=total.epsilon, delta=total.delta, releases=total.releases)
         return out
+
+    def run_delta(self) -> float:
+        """The δ of the run's one ε (:func:`~secure_fl.privacy.composition_delta` over the noised
+        statistics released so far; :attr:`privacy_delta` when none is)."""
+        ledger = self.stats.ledger
+        released = ledger.statistics() if ledger is not None else ()
+        return composition_delta((noisy.config.delta for name, noisy in sorted(self.stats.noisy.items())
+                                  if name in released), fallback=self.privacy_delta)
 
     def privacy_guarantees(self, delta: float | None = None) -> dict[str, Any]:
         """The audit's view: ``formal_guarantees`` of the ledger and the DP-SGD states so far."""

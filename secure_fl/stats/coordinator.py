@@ -188,7 +188,7 @@ class StatsCoordinator:
         if noisy is None:
             assert self.plan.privacy is not None
             noisy = self.plan.privacy.noisy_sum(declaration, clients=len(self.clients), contributors=summands,
-                                                ledger=self.ledger)
+                                                ledger=self.ledger, update=self.plan.is_update(declaration))
             assert noisy is not None
             self._accounting[declaration.name] = noisy
         return noisy

@@ -125,8 +125,9 @@ def test_statistics_tables_name_only_what_the_run_sums(extra: str, message: str)
 
 
 def test_statistics_tables_accept_what_the_run_sums() -> None:
-    load("[method]\nname = 'fedshift'\n[secure.statistics]\nlabel_histogram = 'paillier'\n"
-         "[privacy.statistics]\nlabel_histogram = { epsilon = 1.0 }\ndefault = { epsilon = 2.0 }\n")
+    load("[method]\nname = 'fedshift'\n[secure]\nprotocol = 'masking'\n[secure.statistics]\n"
+         "label_histogram = 'paillier'\n[privacy.statistics]\nlabel_histogram = { epsilon = 1.0 }\n"
+         "default = { epsilon = 2.0 }\n")
     load(DUBHE + "[secure.statistics]\ndubhe_volunteers = 'plain'\n[privacy.statistics]\ndubhe_registry = "
          "{ epsilon = 1.0, level = 'client' }\n")
     # a sweep's table applies to the runs that sum the statistic (a typo is still caught: no run sums it)
@@ -134,3 +135,19 @@ def test_statistics_tables_accept_what_the_run_sums() -> None:
     assert len(exp.runs) == 2  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="did you mean 'label_histogram'"):
         load("[secure.statistics]\nlabel_histo = 'paillier'\n[sweep]\nmethod = ['fedavg', 'fedshift']\n")
+
+
+@pytest.mark.parametrize("tables", [
+    "[privacy.statistics]\ntotal_samples = { epsilon = 1.0 }\n",  # the default protocol is plain
+    "[secure]\nprotocol = 'masking'\n[secure.statistics]\ntotal_samples = 'plain'\n"
+    "[privacy.statistics]\ndefault = { epsilon = 1.0 }\n",
+    "[secure]\nprotocol = 'masking'\n[mitigation]\nname = 'dp'\n",  # updates in the clear
+    "[secure]\nupdate_protocol = 'masking'\n[mitigation]\nname = 'dp'\n",  # statistics through plain
+])
+def test_distributed_dp_is_refused_where_the_server_sees_each_input(tables: str) -> None:
+    """Each client adds only its share of the noise: what the server receives one by one would
+    carry a fraction of what the reported ε assumes."""
+    with pytest.raises(ConfigError, match="hands the server every client's input"):
+        load(tables)
+    if "mitigation" in tables:
+        load("[secure]\nprotocol = 'masking'\nupdate_protocol = 'secagg+'\n[mitigation]\nname = 'dp'\n")

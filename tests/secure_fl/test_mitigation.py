@@ -133,7 +133,10 @@ def test_dp_cell_reports_the_composed_epsilon_per_client() -> None:
     assert scopes["model_update"] <= 2.0 + 1e-6 and scopes["total_samples"] <= 2.0 + 1e-6
     # the run composes both into one ε per client, at δ = the sum of the statistics' δ
     assert cell.epsilon is not None and cell.epsilon_delta == pytest.approx(2e-5)
-    assert max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon <= scopes["run"]
+    assert max(scopes["model_update"], scopes["total_samples"]) < cell.epsilon
+    # the run table's ε is the same number at the same δ (it composed at one statistic's δ: ∞)
+    run = next(d for d in cell.dp if d["scope"] == "run")
+    assert run["epsilon"] == pytest.approx(cell.epsilon) and run["delta"] == pytest.approx(cell.epsilon_delta)
     assert cell.as_json()["epsilon"] == cell.epsilon
 
 
@@ -188,3 +191,30 @@ def test_a_clients_guard_history_survives_its_snapshot() -> None:
     fresh.restore(joined.snapshot())
     assert fresh.participant.guard is not None and joined.participant.guard is not None
     assert fresh.participant.guard.history == joined.participant.guard.history
+
+
+def test_dp_on_a_model_sized_update_is_accounted_with_the_clients_calibration() -> None:
+    """The server's ledger must account the update with the calibration the clients noise with
+    (L2-clipped, with the tail budget of a model-sized vector): it used the statistic's box
+    sensitivity and default tail, so a 26k-parameter MLP failed its first round."""
+    from secure_fl.data import load_dataset
+    from secure_fl.stats import MODEL_UPDATE
+
+    config = parse_config(BASE + """
+[secure]
+protocol = "masking"
+update_protocol = "masking"
+[mitigation]
+name = "dp"
+counts = "record"
+secure_mode = false
+""").runs[0]
+    sim = build_simulation(config, device=torch.device("cpu"), dataset=load_dataset("digits", seed=0))
+    sim.setup()
+    sim.run_round()
+    server = sim.stats._accounting[MODEL_UPDATE]
+    assert server.dim > 20_000
+    layout = sim.plan.layout(server.declaration, 4, "masking")
+    assert layout.noisy is not None and layout.noisy.sigma == server.sigma
+    assert layout.noisy.sensitivity == server.sensitivity
+    assert 0.0 < sim.privacy_report()[MODEL_UPDATE].epsilon <= 2.0 + 1e-6

@@ -78,6 +78,8 @@ momentum = 0.5
 """
 
 DP = """
+[secure]
+protocol = "masking"
 [privacy.dp_sgd]
 noise_multiplier = 1.0
 max_grad_norm = 1.0
