@@ -10,7 +10,10 @@ and ``"flower"`` (Flower's run id and status, its own byte count beside the tran
 round the wall time, round trips, time waiting on Flower's polling and its share, per stage).
 The runs go to the run store (``--store DIR``, default ``$SECURE_FL_WORKSPACE`` or ``./runs``)
 in one batch, as ``secure-fl run`` stores them. Every process started is stopped by PID when
-the command ends, however it ends. Errors: one line; exit 2 for a bad command line or config
+the command ends, however it ends. Each node keeps its state between rounds in the store's
+``node-state/client-<i>`` (mode 0700: it holds the client's secrets), so ``--resume RUN_ID``
+continues a stopped batch: the server from its checkpoint, each node from its own stored state.
+Errors: one line; exit 2 for a bad command line or config
 (``--nodes`` other than the runs' clients, a malformed ``--kill``, Flower not installed), 1 when
 the federation or a run fails (a port that cannot be bound, a node that does not start).
 See docs/deployment.md.
@@ -61,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     local.add_argument("--stage-timeout", type=_positive_float, default=None, metavar="SECONDS",
                        help="seconds a stage waits for replies before silent nodes count as dropped "
                             "(default: the config's [runtime] stage_timeout)")
+    local.add_argument("--resume", metavar="RUN_ID",
+                       help="continue the batch this run belongs to (after a failure, a kill or Ctrl-C): done runs "
+                            "are reported, the stopped one continues after its last stored round, each node "
+                            "from the state it stored under the store's node-state/client-<i>")
     local.add_argument("--keep", metavar="DIR",
                        help="work in DIR and keep it (Flower home, certificates, keys, logs) instead of a "
                             "temporary directory")
@@ -133,21 +140,25 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as error:  # FlowerMissing
         log.error("%s", error)
         return 2
-    from secure_fl.runtime.runner import describe_run, summarize
+    from secure_fl.runtime.runner import describe_run, resumed_batch, summarize
 
+    done: set[str] = set()
     try:
         with store:
-            _, run_ids = store.create_batch(name=experiment.name, source=str(args.config),
-                                            runs=[describe_run(c) for c in experiment.runs])
+            if args.resume:
+                rows = resumed_batch(store, experiment, args.resume)
+                run_ids, done = [r.id for r in rows], {r.id for r in rows if r.status == "done"}
+            else:
+                _, run_ids = store.create_batch(name=experiment.name, source=str(args.config),
+                                                runs=[describe_run(c) for c in experiment.runs])
     except StoreError as error:
         log.error("%s", error)
         return 2
     try:
-        outcomes = _deploy(args, experiment, run_ids, store.path, overrides)
+        outcomes = _deploy(args, experiment, run_ids, store.path, overrides, done=done)
     except KeyboardInterrupt:
-        log.error("interrupted; every process was stopped. The stored runs can be continued with: %s run %s "
-                  "--resume %s --set runtime.engine=flower%s", program(), args.config, run_ids[0],
-                  f" --workspace {args.store}" if args.store else "")
+        log.error("interrupted; every process was stopped. Continue the stored runs with: %s",
+                  resume_hint(args, run_ids[0]))
         raise
     except RuntimeError as error:  # DeployError: the federation did not start or a run broke
         log.error("%s", error)
@@ -172,23 +183,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstored in {store.path}; list runs with: {program()} runs"
               f"{f' --workspace {args.store}' if args.store else ''}")
     if failed:
-        log.error("%d of %d runs did not finish (%s); the reasons are above and in `%s runs`", len(failed),
-                  len(summaries), ", ".join(f"{s.id}: {s.error or s.status}" for s in failed), program())
+        log.error("%d of %d runs did not finish (%s); the reasons are above and in `%s runs`; fix the cause, then "
+                  "continue with: %s", len(failed), len(summaries),
+                  ", ".join(f"{s.id}: {s.error or s.status}" for s in failed), program(),
+                  resume_hint(args, failed[0].id))
         return 1
     return 0
 
 
+def resume_hint(args: argparse.Namespace, run_id: str) -> str:
+    """The command that continues this deployment's batch after ``run_id``'s stop."""
+    from secure_fl.cli import program
+
+    return (f"{program()} deploy local {args.config} --nodes {args.nodes}{' --tls' if args.tls else ''}"
+            f" --resume {run_id}{f' --store {args.store}' if args.store else ''}"
+            + "".join(f" --set {key}={value}" for key, value in args.set))
+
+
 def _deploy(args: argparse.Namespace, experiment: Any, run_ids: list[str], store_path: Path,
-            overrides: list[tuple[str, str]]) -> dict[str, Any]:
-    """Start the federation, play every run on it, stop it; Flower's view of each run by store id."""
+            overrides: list[tuple[str, str]], *, done: set[str]) -> dict[str, Any]:
+    """Start the federation, play every run not ``done`` on it, stop it; Flower's view of each run by store id.
+    The nodes keep their state in the store's ``node-state/client-<i>`` (0700), which outlives the federation."""
     from secure_fl.flower.deploy.local import DeployOptions, LocalFederation
     from secure_fl.flower.deploy.processes import Terminated, terminate_on_signals
+    from secure_fl.flower.nodestore import node_state_root
 
-    options = DeployOptions(nodes=args.nodes, tls=args.tls, keep=Path(args.keep) if args.keep else None)
+    options = DeployOptions(nodes=args.nodes, tls=args.tls, keep=Path(args.keep) if args.keep else None,
+                            state_root=node_state_root(store_path.parent))
     outcomes: dict[str, Any] = {}
     try:
         with terminate_on_signals(), LocalFederation(options) as federation:
             for index, (run_id, config) in enumerate(zip(run_ids, experiment.runs)):
+                if run_id in done:
+                    continue
                 restarted = federation.restart_dead_nodes()
                 if restarted:
                     log.info("nodes %s started again for the next run", restarted)

@@ -89,8 +89,8 @@ def executor(engine: str) -> Any:
 
     engines = {"embedded": lambda: execute_run, "flower-simulation": simulation}
     if engine not in engines:
-        raise ValueError(f"engine {engine!r} runs through a SuperLink: use `secure-fl deploy local CONFIG` "
-                         "(docs/deployment.md)")
+        raise ValueError(f"engine {engine!r} runs through a SuperLink: use `secure-fl deploy local CONFIG --nodes N` "
+                         "(to continue a stopped run: `... --resume RUN_ID`; docs/deployment.md)")
     return engines[engine]()
 
 
@@ -368,9 +368,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.close()
         if progress.current is not None:
-            log.error("interrupted during run %s; continue the batch with: %s run %s --resume %s%s",
-                      progress.current.id, program(), args.config, progress.current.id,
-                      f" --workspace {args.workspace}" if args.workspace else "")
+            log.error("interrupted during run %s; continue the batch with: %s", progress.current.id,
+                      _resume_command(args, progress.current.id))
         raise
     failed = [s for s in summaries if s.status == "failed"]
     if args.json:
@@ -387,12 +386,21 @@ def run(args: argparse.Namespace) -> int:
         skipped = len(experiment.runs) - len(summaries)
         first = failed[0]
         log.error("%d of %d runs failed (%s: the reasons are above and in `%s runs`)%s; fix the cause, then "
-                  "continue with: %s run %s --resume %s%s", len(failed), len(experiment.runs),
+                  "continue with: %s", len(failed), len(experiment.runs),
                   ", ".join(s.id for s in failed), program(),
-                  f", {skipped} not started (--fail-fast)" if skipped else "", program(), args.config, first.id,
-                  f" --workspace {args.workspace}" if args.workspace else "")
+                  f", {skipped} not started (--fail-fast)" if skipped else "", _resume_command(args, first.id))
         return 1
     return 0
+
+
+def _resume_command(args: argparse.Namespace, run_id: str) -> str:
+    """The command that continues the batch: the same engine and overrides (a run's identity)."""
+    from secure_fl.cli import program
+
+    return (f"{program()} run {args.config} --resume {run_id}"
+            + (f" --engine {args.engine}" if args.engine else "")
+            + "".join(f" --set {key}={value}" for key, value in args.set)
+            + (f" --workspace {args.workspace}" if args.workspace else ""))
 
 
 def _positive_int(text: str) -> int:

@@ -23,8 +23,10 @@ ServerApp run config (``context.run_config``):
 
 ClientApp node config (``context.node_config``): ``partition-id`` (the client id),
 ``num-partitions``, ``data-path`` (optional: where the node's copy of the data set lives,
-instead of the config's ``data.root``). The server sends each node the run's public config
-(``hello``); everything else reaches the node as the bytes of the run's messages.
+instead of the config's ``data.root``), ``state-path`` (optional: the node's own directory where
+it stores its state after each round, keyed by run and round, so that a stopped run can resume;
+:mod:`.nodestore`). The server sends each node the run's public config and, on a resume, the
+round to restore (``hello``); everything else reaches the node as the bytes of the run's messages.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from protocols import WireError
 from secure_fl.config import ConfigError, RunConfig
+from secure_fl.runtime.messages import run_digest
 
 from .client import NodeHost, NodeState, handle
+from .nodestore import MissingState, NodeStateError, NodeStore, StoredNode, TamperedState
 from .wire import KEY, read_hello, read_request, write_hello_reply, write_reply
 
-__all__ = ["ServerSettings", "client_app", "serve", "server_app"]
+__all__ = ["NodeSettings", "ServerSettings", "client_app", "exchange", "hello", "node_app", "serve", "server_app"]
 
 log = logging.getLogger("secure_fl.flower")
 
@@ -142,16 +147,21 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
     events = _events(settings.events_path)
 
     def harness(run: RunConfig, dev: torch.device, dataset: Any) -> FlowerServer:
+        # a resume: the nodes restore their own stored state of the checkpoint's round (the run store
+        # holds the server's state only)
+        checkpoint = store.checkpoint(run_id)
+        resume = -1 if checkpoint is None else checkpoint.round
         network = FlowerNetwork.connect(grid, config=json.dumps(run.to_dict(), sort_keys=True),
                                         parties=run.data.num_clients, stage_timeout=timeout, on_event=events,
-                                        stop=stop, wait=max(timeout, HELLO_TIMEOUT))
+                                        stop=stop, wait=max(timeout, HELLO_TIMEOUT), run_id=run_id, resume=resume)
         if on_connected is not None:
             on_connected()
-        return FlowerServer(run, network=network, device=dev, dataset=dataset)
+        return FlowerServer(run, network=network, device=dev, dataset=dataset, resumed=resume)
 
+    run_id = ""
     with RunStore(settings.store_path) as store:
-        run_id = settings.run_id
-        if run_id is None:
+        run_id = settings.run_id or ""
+        if not run_id:
             _, ids = store.create_batch(name=config.name, source=settings.config_path or "<flower>",
                                         runs=[describe_run(config)])
             run_id = ids[0]
@@ -187,45 +197,112 @@ def _config(text: str) -> RunConfig:
     return config
 
 
-def _node_config(context: Context) -> tuple[int, int, str | None]:
+@dataclass(frozen=True)
+class NodeSettings:
+    """A node's own config (``context.node_config``), checked."""
+
+    partition: int
+    parties: int
+    data_path: str | None = None
+    state_path: str | None = None
+
+
+def _node_config(context: Context, state_root: str | None = None) -> NodeSettings:
     node = context.node_config
-    pid, parties, path = node.get("partition-id"), node.get("num-partitions"), node.get("data-path")
+    pid, parties = node.get("partition-id"), node.get("num-partitions")
+    path, state = node.get("data-path"), node.get("state-path")
     if not isinstance(pid, int) or not isinstance(parties, int) or not 0 <= pid < parties:
         raise ConfigError(f"node config needs integer partition-id in [0, num-partitions); got {pid!r}, {parties!r}")
     if path is not None and not isinstance(path, str):
         raise ConfigError("node config data-path must be a string")
-    return pid, parties, path
+    if state is not None and (not isinstance(state, str) or not state):
+        raise ConfigError("node config state-path must be a directory's path")
+    if state is None and state_root is not None:
+        state = str(Path(state_root) / f"client-{pid}")
+    return NodeSettings(partition=pid, parties=parties, data_path=path, state_path=state)
 
 
-client_app = ClientApp()
+def _store(settings: NodeSettings) -> NodeStore | None:
+    return None if settings.state_path is None else NodeStore(settings.state_path, partition=settings.partition)
 
 
-@client_app.query("hello")
-def _hello(message: Message, context: Context) -> Message:
+def hello(message: Message, context: Context, *, state_root: str | None = None) -> Message:
     """The run's public config: checked (it must parse, and this node must find its data and partition —
     loaded here, under the hello's longer wait, not in the first stage) and kept; answered with this
-    node's party."""
-    hello = read_hello(message.content)
-    pid, parties, data_path = _node_config(context)
-    NodeHost.node(_config(hello.config), pid, data_path=data_path)
-    context.state[KEY] = ConfigRecord({"config": hello.config, "snapshot": b"", "live": b""})
-    return Message(write_hello_reply(nonce=hello.nonce, party=pid, parties=parties), reply_to=message)
+    node's party. On a resume the node restores its own stored state of the round the server names,
+    or answers why it cannot (it is then a dropout, never a fresh node in a resumed run)."""
+    request = read_hello(message.content)
+    settings = _node_config(context, state_root)
+    config = _config(request.config)
+    node = NodeHost.node(config, settings.partition, data_path=settings.data_path)
+    store = _store(settings) if request.run_id else None
+    fields: dict[str, Any] = {"config": request.config, "snapshot": b"", "live": b"", "run-id": request.run_id,
+                              "stored": request.resume}
+    error = ""
+    if request.resume >= 0:
+        try:
+            if store is None:
+                raise MissingState(f"client {settings.partition} keeps no state (no state-path in its node config, "
+                                   "or no run id): it cannot resume")
+            stored = store.load(request.run_id, request.resume, digest=run_digest(config.to_dict()))
+            try:
+                node.restore(stored.snapshot)
+            except WireError as failure:
+                raise TamperedState(f"client {settings.partition}: stored state of round {stored.round}: "
+                                    f"{failure}") from None
+            fields["snapshot"] = stored.snapshot
+        except NodeStateError as failure:
+            error = str(failure)
+            fields = {"config": request.config, "error": error}
+    elif store is not None:  # a fresh start: the state a resume before this node's first change restores
+        store.save(request.run_id, -1, digest=run_digest(config.to_dict()), node=StoredNode(-1, node.snapshot()))
+    context.state[KEY] = ConfigRecord(fields)
+    return Message(write_hello_reply(nonce=request.nonce, party=settings.partition, parties=settings.parties,
+                                     error=error), reply_to=message)
 
 
-@client_app.query("exchange")
-def _exchange(message: Message, context: Context) -> Message:
-    """One exchange: restore the node from its state, answer, keep the new state."""
+def exchange(message: Message, context: Context, *, state_root: str | None = None) -> Message:
+    """One exchange: restore the node from its state, answer, keep the new state (and store it on the
+    node's disk, keyed by run and round, when it changed)."""
     request = read_request(message.content)
-    pid, _, data_path = _node_config(context)
+    settings = _node_config(context, state_root)
     try:
         record = context.state[KEY]
     except KeyError:
         raise ConfigError("an exchange before the hello: this node does not know the run") from None
     assert isinstance(record, ConfigRecord)
-    text = record["config"]
-    assert isinstance(text, str)
-    node = NodeHost.node(_config(text), pid, data_path=data_path)
+    if "error" in record:
+        raise NodeStateError(str(record["error"]))
+    text, run_id, stored = record["config"], record["run-id"], record["stored"]
+    assert isinstance(text, str) and isinstance(run_id, str) and isinstance(stored, int)
+    config = _config(text)
+    node = NodeHost.node(config, settings.partition, data_path=settings.data_path)
     previous = NodeState(snapshot=bytes(record["snapshot"]), live=bytes(record["live"]))  # type: ignore[arg-type]
     replies, state = handle(node, previous, request.inbox)
-    context.state[KEY] = ConfigRecord({"config": text, "snapshot": state.snapshot, "live": state.live})
+    store = _store(settings) if run_id else None
+    if store is not None and state.snapshot != previous.snapshot:
+        stored = max(stored, request.round)  # never file a later state under an earlier round
+        store.save(run_id, stored, digest=run_digest(config.to_dict()), node=StoredNode(stored, state.snapshot))
+    context.state[KEY] = ConfigRecord({"config": text, "snapshot": state.snapshot, "live": state.live,
+                                       "run-id": run_id, "stored": stored})
     return Message(write_reply(nonce=request.nonce, seq=request.seq, outbox=replies), reply_to=message)
+
+
+def node_app(*, state_root: str | None = None) -> ClientApp:
+    """A ClientApp whose nodes keep their state under ``state_root/client-<partition-id>`` unless
+    their node config names a ``state-path`` (the simulation engine's nodes, whose node config
+    Flower fixes)."""
+    app = ClientApp()
+
+    @app.query("hello")
+    def _hello(message: Message, context: Context) -> Message:
+        return hello(message, context, state_root=state_root)
+
+    @app.query("exchange")
+    def _exchange(message: Message, context: Context) -> Message:
+        return exchange(message, context, state_root=state_root)
+
+    return app
+
+
+client_app = node_app()

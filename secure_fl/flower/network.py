@@ -164,10 +164,16 @@ class FlowerNetwork(Network):
 
     @classmethod
     def connect(cls, grid: GridLike, *, config: str, parties: int, stage_timeout: float,
-                wait: float | None = None, poll_interval: float = 0.05, **options: Any) -> FlowerNetwork:
+                wait: float | None = None, poll_interval: float = 0.05, run_id: str = "", resume: int = -1,
+                **options: Any) -> FlowerNetwork:
         """Wait for ``parties`` nodes, send each the run's public config and learn its party id (its
         ``partition-id``); each of the two waits lasts at most ``wait`` seconds (default the stage
-        timeout): a node's first message may start its process or actor and import the stack."""
+        timeout): a node's first message may start its process or actor and import the stack.
+
+        ``run_id`` names the run (nodes key their stored state by it); ``resume`` >= 0 asks every
+        node to restore its stored state of that round. A node that cannot (its state is missing,
+        foreign or tampered) says why: it is a dropout of the run from round ``resume + 1`` on,
+        never a node that silently starts afresh."""
         clock: Callable[[], float] = options.get("clock", time.monotonic)
         sleep: Callable[[float], None] = options.get("sleep", time.sleep)
         stop: threading.Event | None = options.get("stop")
@@ -181,11 +187,12 @@ class FlowerNetwork(Network):
         if len(nodes) < parties:
             raise FlowerError(f"{len(nodes)} of {parties} nodes connected within {wait:g} s")
         nonce = secrets.token_bytes(NONCE_BYTES)
-        messages = {node: FlowerMessage(write_hello(nonce=nonce, config=config), dst_node_id=node,
-                                        message_type=HELLO) for node in nodes}
+        messages = {node: FlowerMessage(write_hello(nonce=nonce, config=config, run_id=run_id, resume=resume),
+                                        dst_node_id=node, message_type=HELLO) for node in nodes}
         ids = set(grid.push_messages(list(messages.values())))
         pending = {m.metadata.message_id: node for node, m in messages.items() if m.metadata.message_id in ids}
         found: dict[PartyId, int] = {}
+        refused: dict[PartyId, str] = {}
         deadline = clock() + wait
         while pending:
             for reply in grid.pull_messages(list(pending)):
@@ -196,7 +203,8 @@ class FlowerNetwork(Network):
                     log.warning("node %d did not join: %s", node, reply.error.reason)
                     continue
                 try:
-                    party, count = read_hello_reply(reply.content, nonce=nonce)
+                    hello = read_hello_reply(reply.content, nonce=nonce)
+                    party, count = hello.party, hello.parties
                 except ProtocolError as error:
                     log.warning("node %d answered the hello with %s: %s", node, type(error).__name__, error)
                     continue
@@ -205,6 +213,8 @@ class FlowerNetwork(Network):
                 if party in found:
                     raise FlowerError(f"nodes {found[party]} and {node} both claim partition {party}")
                 found[party] = node
+                if hello.error:
+                    refused[party] = hello.error
             if not pending or len(found) == parties or clock() >= deadline:  # extra nodes need not answer
                 break
             _check(stop)
@@ -213,7 +223,12 @@ class FlowerNetwork(Network):
         if missing:
             raise FlowerError(f"no node answered for partition(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}"
                               f" within {wait:g} s")
-        return cls(grid, found, nonce=nonce, stage_timeout=stage_timeout, poll_interval=poll_interval, **options)
+        network = cls(grid, found, nonce=nonce, stage_timeout=stage_timeout, poll_interval=poll_interval, **options)
+        for party, reason in sorted(refused.items()):
+            network.gone.add(party)
+            network.dropouts.append(Dropout(round=resume + 1, stage="hello", party=party, reason=reason, gone=True))
+            log.warning("client %d cannot take part: %s", party, reason)
+        return network
 
     # --- exchanges -------------------------------------------------------------------------------------
 

@@ -72,12 +72,15 @@ def round_network_metrics(stages: list[StageRecord], dropped: set[int]) -> dict[
 class FlowerServer:
     """The runner's harness for a Flower engine (see the module docstring)."""
 
-    def __init__(self, config: RunConfig, *, network: FlowerNetwork, device: torch.device, dataset: Dataset) -> None:
+    def __init__(self, config: RunConfig, *, network: FlowerNetwork, device: torch.device, dataset: Dataset,
+                 resumed: int = -1) -> None:
         if config.secure.authenticate:
             raise ValueError("secure.authenticate needs every node's signing key registered before the run; the "
                              "Flower engines have no such registration step yet (Flower's node authentication "
                              "covers only SuperNode to SuperLink): run it on the embedded engine")
         self.config = config
+        self.resumed = resumed
+        """The round whose state the nodes were told to restore at the hello (-1: a fresh start)."""
         self.network = network
         self.device = device
         _, indices = prepare_partition(config, dataset)
@@ -183,9 +186,20 @@ class FlowerServer:
         )
 
     def prepare_resume(self, checkpoint: Checkpoint) -> None:
-        raise StoreError("a run on a Flower engine cannot be resumed yet: its clients' state (keys, what "
-                         "they learned) lived in the nodes of the Flower run that stopped; start the run again")
+        """Before :meth:`setup` on a resume: the server's statistics state (ledger, once-per-run
+        releases). The nodes restored their own state of the same round at the hello: a node that
+        could not is a dropout (its reason in :attr:`FlowerNetwork.dropouts`)."""
+        if checkpoint.round != self.resumed:
+            raise StoreError(f"the nodes were asked to restore round {self.resumed}, the checkpoint is of round "
+                             f"{checkpoint.round}")
+        if checkpoint.clients:
+            raise StoreError("this checkpoint holds client state: it is not a Flower run's (its nodes keep theirs)")
+        if checkpoint.privacy:
+            self.stats.load_state(json.loads(checkpoint.privacy.decode()))
 
-    def restore(self, checkpoint: Checkpoint) -> None:  # pragma: no cover -- prepare_resume refuses first
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Continue after ``checkpoint.round`` (after :meth:`prepare_resume` and :meth:`setup`)."""
         model = load_state(checkpoint.model, device=self.device)
         self.server.restore_model(model["global"], model["other"], checkpoint.round)
+        self.server.method.load_state_dict(load_state(checkpoint.algorithm, device=self.device))
+        self.server.selection.load_state_dict(load_state(checkpoint.selection, device=self.device))

@@ -8,7 +8,9 @@ running cluster (``ray start --head`` on one machine, ``ray start --address HEAD
 others), in which case the actors spread over its machines (docs/flower-engine.md).
 
 :func:`simulation_executor` is what ``secure-fl run --engine flower-simulation`` hands
-:func:`~secure_fl.runtime.run_experiment`: it runs each stored run in a simulation.
+:func:`~secure_fl.runtime.run_experiment`: it runs each stored run in a simulation, and continues
+one with a checkpoint (``--resume``): the server from the run store, each node from the state it
+stored in its own directory (``node-state/client-<i>`` beside the store).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +28,8 @@ from secure_fl.config import RunConfig
 from secure_fl.data import Dataset
 from secure_fl.runtime.runner import Executor, RunObserver, RunSummary, describe_error, summarize
 from secure_fl.store import RunStore, StoreError
+
+from .nodestore import node_state_root
 
 __all__ = ["backend_config", "run_flower_simulation", "simulation_executor"]
 
@@ -42,20 +47,27 @@ def backend_config(*, cpus_per_client: float = 1.0) -> dict[str, Any]:
 def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], run_id: str,
                           device: torch.device | None = None, dataset: Dataset | None = None,
                           observer: RunObserver | None = None, stage_timeout: float | None = None,
-                          events_path: str | None = None, cpus_per_client: float = 1.0) -> dict[str, float]:
+                          events_path: str | None = None, cpus_per_client: float = 1.0,
+                          state_root: str | os.PathLike[str] | None = None) -> dict[str, float]:
     """Play stored run ``run_id`` (registered with ``config``) on Flower's simulation engine; the
     ServerApp writes its rounds to ``store``. Returns the wall time split: ``start`` (Ray and the
-    nodes until every node answered the hello) and ``run`` (the rest)."""
+    nodes until every node answered the hello) and ``run`` (the rest).
+
+    Node *i* keeps its state between rounds in ``state_root/client-<i>`` (default: ``node-state``
+    beside the store, mode 0700): a stored run with a checkpoint resumes from it, each node from
+    its own stored state (on a Ray cluster the directory must be on a file system every machine
+    shares: any actor may play any node)."""
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    from .apps import ServerSettings, client_app, serve
+    from .apps import ServerSettings, node_app, serve
 
     errors: list[BaseException] = []
     stop = threading.Event()
     marks: dict[str, float] = {"begin": time.perf_counter()}
     settings = ServerSettings(store_path=os.fspath(store), run_id=run_id, stage_timeout=stage_timeout,
                               events_path=events_path)
+    root = Path(state_root) if state_root is not None else node_state_root(Path(store).parent)
     app = ServerApp()
 
     @app.main()
@@ -74,7 +86,7 @@ def run_flower_simulation(config: RunConfig, *, store: str | os.PathLike[str], r
     flwr_logger.setLevel(logging.ERROR)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs asked for: no warning about it
     try:
-        run_simulation(server_app=app, client_app=client_app, num_supernodes=config.data.num_clients,
+        run_simulation(server_app=app, client_app=node_app(state_root=str(root)), num_supernodes=config.data.num_clients,
                        backend_config=backend_config(cpus_per_client=cpus_per_client))
     finally:
         stop.set()  # Ctrl-C or a crash of the runtime: the ServerApp's thread stops at its next poll
@@ -93,9 +105,6 @@ def simulation_executor(*, stage_timeout: float | None = None, events_path: str 
                 dataset: Dataset | None = None, observer: RunObserver | None = None, position: int = 0,
                 total: int = 1) -> RunSummary:
         try:
-            if store.checkpoint(run_id) is not None:  # refused before Ray starts (FlowerServer.prepare_resume says why)
-                raise StoreError(f"run {run_id} on flower-simulation cannot be resumed: its clients' state lived in "
-                                 "the nodes of the simulation that stopped; start the run again")
             times = run_flower_simulation(config, store=store.path, run_id=run_id, device=device, dataset=dataset,
                                           observer=observer, stage_timeout=stage_timeout, events_path=events_path)
         except BaseException as error:

@@ -7,8 +7,10 @@ carries everything the party answers. Both sit in a :class:`flwr.app.ConfigRecor
 
     request  {"nonce": bytes 16, "seq": int, "round": int, "stage": str, "inbox": bytes}
     reply    {"nonce": bytes 16, "seq": int, "outbox": bytes}
-    hello    {"nonce": bytes 16, "config": str (the run's public config, JSON)}
-    hello reply {"nonce": bytes 16, "party": int, "parties": int}
+    hello    {"nonce": bytes 16, "config": str (the run's public config, JSON), "run-id": str,
+              "resume": int (the round whose stored state to restore; -1: a fresh start)}
+    hello reply {"nonce": bytes 16, "party": int, "parties": int,
+                 "error": str (why this node cannot take part, e.g. no stored state; "" when it can)}
 
 ``inbox`` is ``u32 count | count × blob``; ``outbox`` is ``u32 count | count × (blob data |
 blob label)``, the label being the sender's transcript label as JSON (what the server's
@@ -30,7 +32,7 @@ from protocols import Exposure, Label, Message, ReplayError, StageError, WireErr
 from protocols.transcript import Visibility
 from protocols.wire import MAX_PAYLOAD, Reader, Writer
 
-__all__ = ["EXCHANGE", "HELLO", "KEY", "Hello", "Request", "read_hello", "read_hello_reply", "read_reply",
+__all__ = ["EXCHANGE", "HELLO", "KEY", "Hello", "HelloReply", "Request", "read_hello", "read_hello_reply", "read_reply",
            "read_request", "write_hello", "write_hello_reply", "write_reply", "write_request"]
 
 KEY: Final = "secure-fl"
@@ -176,22 +178,45 @@ def read_reply(content: RecordDict, *, nonce: bytes, seq: int) -> list[Message]:
 class Hello:
     nonce: bytes
     config: str
+    run_id: str = ""
+    """The run store's id of the run: a node keys its stored state by it ("" keeps none)."""
+    resume: int = -1
+    """Restore the node's stored state of this round (the server's checkpoint); -1: a fresh start."""
 
 
-def write_hello(*, nonce: bytes, config: str) -> RecordDict:
-    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "config": config})})
+@dataclass(frozen=True)
+class HelloReply:
+    party: int
+    parties: int
+    error: str = ""
+    """Why the node cannot take part (its stored state is missing, foreign or tampered): a dropout."""
+
+
+MAX_ERROR: Final = 1024
+
+
+def write_hello(*, nonce: bytes, config: str, run_id: str = "", resume: int = -1) -> RecordDict:
+    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "config": config, "run-id": run_id, "resume": resume})})
 
 
 def read_hello(content: RecordDict) -> Hello:
     record = _record(content)
-    return Hello(nonce=_nonce(record, None), config=_field(record, "config", str))
+    resume = _field(record, "resume", int)
+    if resume < -1:
+        raise WireError(f"resume round {resume} < -1")
+    return Hello(nonce=_nonce(record, None), config=_field(record, "config", str),
+                 run_id=_field(record, "run-id", str), resume=resume)
 
 
-def write_hello_reply(*, nonce: bytes, party: int, parties: int) -> RecordDict:
-    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "party": party, "parties": parties})})
+def write_hello_reply(*, nonce: bytes, party: int, parties: int, error: str = "") -> RecordDict:
+    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "party": party, "parties": parties,
+                                          "error": error[:MAX_ERROR]})})
 
 
-def read_hello_reply(content: RecordDict, *, nonce: bytes) -> tuple[int, int]:
+def read_hello_reply(content: RecordDict, *, nonce: bytes) -> HelloReply:
     record = _record(content)
     _nonce(record, nonce)
-    return _field(record, "party", int), _field(record, "parties", int)
+    party, parties, error = _field(record, "party", int), _field(record, "parties", int), _field(record, "error", str)
+    if len(error) > MAX_ERROR:
+        raise WireError("a hello reply's error is at most 1024 characters")
+    return HelloReply(party=party, parties=parties, error=error)

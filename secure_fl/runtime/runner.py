@@ -26,7 +26,7 @@ from secure_fl.runtime.build import build_simulation, load_run_dataset
 from secure_fl.store import ReleaseRow, RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
 
 __all__ = ["CLIP_WARNING", "Executor", "Harness", "RunObserver", "RunSummary", "describe_error", "describe_run",
-           "execute_run", "run_experiment", "summarize"]
+           "execute_run", "resumed_batch", "run_experiment", "summarize"]
 
 log = logging.getLogger("secure_fl.run")
 
@@ -430,6 +430,21 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
     return f"{path or '<config>'}: stored {a!r}, file has {b!r}"
 
 
+def resumed_batch(store: RunStore, experiment: ExperimentConfig, run_id: str) -> list[RunRow]:
+    """The stored runs of the batch ``run_id`` belongs to, checked against ``experiment`` (the same
+    runs, the same configs): what ``--resume`` continues."""
+    rows = store.batch_runs(store.run(run_id).batch_id)
+    if len(rows) != len(experiment.runs):
+        raise StoreError(f"run {run_id} belongs to a batch of {len(rows)} runs; "
+                         f"{experiment.source} defines {len(experiment.runs)}")
+    for row, config in zip(rows, experiment.runs):
+        expected = RunConfig.from_dict(row.config).to_dict()
+        if expected != config.to_dict():
+            raise StoreError(f"{experiment.source} no longer matches stored run {row.id}: "
+                             f"{_first_difference(expected, config.to_dict())}")
+    return rows
+
+
 def run_experiment(
     experiment: ExperimentConfig,
     store: RunStore,
@@ -453,15 +468,7 @@ def run_experiment(
                                         runs=[_describe(c) for c in experiment.runs])
         rows = [store.run(i) for i in run_ids]
     else:
-        rows = store.batch_runs(store.run(resume).batch_id)
-        if len(rows) != len(experiment.runs):
-            raise StoreError(f"run {resume} belongs to a batch of {len(rows)} runs; "
-                             f"{experiment.source} defines {len(experiment.runs)}")
-        for row, config in zip(rows, experiment.runs):
-            expected = RunConfig.from_dict(row.config).to_dict()
-            if expected != config.to_dict():
-                raise StoreError(f"{experiment.source} no longer matches stored run {row.id}: "
-                                 f"{_first_difference(expected, config.to_dict())}")
+        rows = resumed_batch(store, experiment, resume)
     summaries = []
     datasets: dict[tuple[Any, ...], Dataset] = {}
     for position, (row, config) in enumerate(zip(rows, experiment.runs)):

@@ -92,6 +92,9 @@ class DeployOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     keep: Path | None = None
     """Work in this directory and keep it (logs, certificates); default: a temporary one, removed."""
+    state_root: Path | None = None
+    """Node *i* keeps its state between rounds in ``state_root/client-<i>`` (its ``state-path``; it
+    outlives the federation, so a stopped run can resume); default: the nodes keep none."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -254,7 +257,7 @@ class LocalFederation:
 
     def _start_node(self, node: int) -> Child:
         argv = [str(self.supernode), "--superlink", f"{HOST}:{self.port}", "--host", HOST, "--port", str(free_port()),
-                "--node-config", f"partition-id={node} num-partitions={self.options.nodes}", "--max-wait-time", "60"]
+                "--node-config", self._node_config(node), "--max-wait-time", "60"]
         if self.certificates:
             argv += ["--root-certificates", str(self.certificates.ca_cert),
                      "--auth-supernode-private-key", str(self.node_keys[node].private_key)]
@@ -267,6 +270,17 @@ class LocalFederation:
         child = self.processes.start(f"node-{node}", argv, log_path=env_log, node=node,
                                      env={"FLWR_LOG_LEVEL": "DEBUG"})
         return child
+
+    def _node_config(self, node: int) -> str:
+        config = f"partition-id={node} num-partitions={self.options.nodes}"
+        if self.options.state_root is not None:
+            state = self.options.state_root / f"client-{node}"
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(state, 0o700)
+            if any(c in str(state) for c in "\"'\\"):
+                raise DeployError(f"a node's state path cannot contain quotes: {state}")
+            config += f' state-path="{state}"'
+        return config
 
     def _wait_online(self, *, deadline: float) -> None:
         """Until every SuperNode has logged its node id (it is activated on the SuperLink)."""

@@ -8,7 +8,8 @@ round and stage (the exchange's stage name): ``drop`` (the node never gets the m
 code 5), ``garbage``, ``replay`` (its previous reply again), ``foreign`` (a reply of another
 server), ``impostor`` (the reply claims another node), ``delay`` (the reply shows up ``delay``
 seconds later on the fake clock), ``stray`` (an extra reply to no message: ignored). Stage
-``hello`` puts a fault on the hello.
+``hello`` puts a fault on the hello. With ``state_root`` node *i* keeps its state between rounds
+in ``state_root/client-<i>`` (its ``state-path``), as a deployed node does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
@@ -58,6 +60,7 @@ class FakeGrid:
     _previous: dict[int, RecordDict] = field(default_factory=dict)
     handled: int = 0
     _sent: set[str] = field(default_factory=set)
+    state_root: Path | None = None
 
     def __post_init__(self) -> None:
         from flwr.supercore.task_identity import TaskIdentity
@@ -66,8 +69,11 @@ class FakeGrid:
             TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         for pid in range(self.parties):
             node = self.first_node + 7 * pid
+            config: dict[str, int | str] = {"partition-id": pid, "num-partitions": self.parties}
+            if self.state_root is not None:
+                config["state-path"] = str(self.state_root / f"client-{pid}")
             self.contexts[node] = Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
-                                          node_config={"partition-id": pid, "num-partitions": self.parties})
+                                          node_config=config)
 
     def party(self, node: int) -> int:
         return int(self.contexts[node].node_config["partition-id"])  # type: ignore[call-overload]

@@ -360,3 +360,34 @@ def test_the_launcher_starts_kills_restarts_and_stops_nodes(tmp_path: Path, monk
         pids = federation.processes.pids()
     assert federation.left_behind == []
     assert not any(_alive(pid) for pid in pids)
+
+
+# --- resuming: each node's own state directory -------------------------------------------------------
+
+def test_each_node_keeps_its_state_in_its_own_private_directory(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.common.config import parse_config_args
+
+    monkeypatch.setattr(local_module, "flower_executable", lambda name: tmp_path / name)
+    root = tmp_path / "ws" / "node-state"
+    federation = local_module.LocalFederation(local_module.DeployOptions(nodes=2, keep=tmp_path / "work",
+                                                                         state_root=root))
+    assert parse_config_args([federation._node_config(1)]) == {
+        "partition-id": 1, "num-partitions": 2, "state-path": str(root / "client-1")}
+    assert stat.S_IMODE((root / "client-1").stat().st_mode) == 0o700
+    bare = local_module.LocalFederation(local_module.DeployOptions(nodes=2, keep=tmp_path / "work"))
+    assert "state-path" not in parse_config_args([bare._node_config(0)])
+
+
+def test_the_resume_hint_is_a_deploy_command_and_a_bad_resume_one_line(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from secure_fl.cli.deploy import resume_hint
+
+    args = argparse.Namespace(config="c.toml", nodes=3, tls=True, store="ws", set=[("train.rounds", "2")])
+    assert resume_hint(args, "abc").endswith(
+        "deploy local c.toml --nodes 3 --tls --resume abc --store ws --set train.rounds=2")
+    assert main(["deploy", "local", str(SMOKE), "--nodes", "5", "--resume", "nope", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope" in err[0]

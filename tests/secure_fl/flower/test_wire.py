@@ -11,9 +11,12 @@ from protocols import Exposure, Label, Message, ReplayError, StageError, WireErr
 from protocols.wire import Writer
 from secure_fl.flower.wire import (
     KEY,
+    HelloReply,
+    read_hello,
     read_hello_reply,
     read_reply,
     read_request,
+    write_hello,
     write_hello_reply,
     write_reply,
     write_request,
@@ -77,7 +80,18 @@ def test_reply_fields_are_checked() -> None:
 
 
 def test_hello_reply() -> None:
-    assert read_hello_reply(write_hello_reply(nonce=NONCE, party=3, parties=5), nonce=NONCE) == (3, 5)
+    assert read_hello_reply(write_hello_reply(nonce=NONCE, party=3, parties=5), nonce=NONCE) == HelloReply(3, 5)
+    refused = write_hello_reply(nonce=NONCE, party=3, parties=5, error="no stored state")
+    assert read_hello_reply(refused, nonce=NONCE) == HelloReply(3, 5, "no stored state")
     with pytest.raises(WireError, match="party"):
         read_hello_reply(RecordDict({KEY: ConfigRecord({"nonce": NONCE, "party": True, "parties": 5})}),
                          nonce=NONCE)
+
+
+def test_hello_names_the_run_and_the_round_to_restore() -> None:
+    hello = read_hello(write_hello(nonce=NONCE, config="{}", run_id="abc", resume=4))
+    assert (hello.run_id, hello.resume) == ("abc", 4)
+    for bad in ({"resume": -2}, {"resume": True}, {"run-id": 3}):
+        record = {"nonce": NONCE, "config": "{}", "run-id": "abc", "resume": 0, **bad}
+        with pytest.raises(WireError):
+            read_hello(RecordDict({KEY: ConfigRecord(record)}))
