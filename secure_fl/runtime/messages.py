@@ -13,6 +13,9 @@ the server tells a node goes in a runtime message (magic ``SFR``)::
     the global model (float32): the node trains on it with this round's broadcasts;
 ``abort``
     the round is abandoned: the node drops what it holds for it;
+``bulletin``
+    the public record of earlier releases of one statistic (round and contributors of each),
+    for the span guard's clients (issue 25): sent before a run the node is asked to join;
 ``refuse`` (node → server)
     a node declines a message, with the reason.
 
@@ -46,6 +49,9 @@ DIGEST_BYTES: Final = 16
 RUNTIME: Final = "runtime"
 """The transcript's protocol name for runtime messages."""
 MAX_NAME: Final = 64
+MAX_RELEASES: Final = 1 << 16
+"""Releases one bulletin may carry (a run of 65,536 rounds per statistic)."""
+MAX_MEMBERS: Final = 1 << 20
 _HEADER = struct.Struct(">3sBBq16s")
 
 
@@ -53,6 +59,7 @@ class Kind(IntEnum):
     BROADCAST = 1
     TRAIN = 2
     ABORT = 3
+    BULLETIN = 4
     REFUSE = 255
 
 
@@ -76,13 +83,19 @@ class RuntimeMessage:
     name: str = ""
     vector: npt.NDArray[np.float32] | None = None
     reason: str = ""
+    releases: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """``bulletin``: (round, ascending contributor ids) of each release announced."""
 
     def to_bytes(self) -> bytes:
         if len(self.digest) != DIGEST_BYTES:
             raise WireError("a run digest is 16 bytes")
         writer = Writer().raw(_HEADER.pack(MAGIC, VERSION, int(self.kind), self.round, self.digest))
-        if self.kind == Kind.BROADCAST:
+        if self.kind in (Kind.BROADCAST, Kind.BULLETIN):
             writer.blob(self.name.encode())
+        if self.kind == Kind.BULLETIN:
+            writer.u32(len(self.releases))
+            for round_, members in self.releases:
+                writer.i64(round_).u32(len(members)).raw(np.asarray(members, dtype=">u4").tobytes())
         if self.kind in (Kind.BROADCAST, Kind.TRAIN):
             assert self.vector is not None
             values = np.ascontiguousarray(self.vector, dtype="<f4")
@@ -107,11 +120,24 @@ class RuntimeMessage:
             raise WireError(f"unknown runtime message kind {code}") from None
         reader = Reader(data[_HEADER.size:])
         name, vector, reason = "", None, ""
-        if kind == Kind.BROADCAST:
+        releases: list[tuple[int, tuple[int, ...]]] = []
+        if kind in (Kind.BROADCAST, Kind.BULLETIN):
             try:
                 name = reader.blob(max_len=MAX_NAME).decode("ascii")
             except UnicodeDecodeError:
-                raise WireError("broadcast name is not ASCII") from None
+                raise WireError(f"{kind.name.lower()} name is not ASCII") from None
+        if kind == Kind.BULLETIN:
+            count = reader.u32()
+            if not 0 < count <= MAX_RELEASES:
+                raise WireError(f"a bulletin holds 1 to {MAX_RELEASES} releases, this one {count}")
+            for _ in range(count):
+                round_of, size = reader.i64(), reader.u32()
+                if not 0 < size <= MAX_MEMBERS:
+                    raise WireError(f"a release has 1 to {MAX_MEMBERS} contributors, this one {size}")
+                members = np.frombuffer(reader.raw(4 * size), dtype=">u4").astype(np.int64)
+                if size > 1 and not np.all(np.diff(members) > 0):
+                    raise WireError("a release's contributors must be ascending and distinct")
+                releases.append((round_of, tuple(int(c) for c in members)))
         if kind in (Kind.BROADCAST, Kind.TRAIN):
             count = reader.u32()
             if kind == Kind.TRAIN and dimension is not None and count != dimension:
@@ -125,7 +151,8 @@ class RuntimeMessage:
             except UnicodeDecodeError:
                 raise WireError("a refusal's reason is not UTF-8") from None
         reader.end()
-        return cls(kind=kind, round=round_, digest=bytes(digest), name=name, vector=vector, reason=reason)
+        return cls(kind=kind, round=round_, digest=bytes(digest), name=name, vector=vector, reason=reason,
+                   releases=tuple(releases))
 
     def message(self, *, statistic: str) -> Message:
         """This message with its transcript label (public: the model and broadcasts are public)."""

@@ -176,6 +176,9 @@ class ClientNode:
                 self._train(message)
             elif message.kind == Kind.ABORT:
                 self.update, self._broadcast = None, {}
+            elif message.kind == Kind.BULLETIN:
+                self.participant.learn_releases(message.name, message.releases)  # public, for the release rule
+                self.dirty = True
             else:
                 raise StageError(f"a node does not accept {message.kind.name.lower()} messages")
             return []

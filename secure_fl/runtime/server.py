@@ -152,6 +152,7 @@ class ServerLoop:
         self.holdout = holdout
         self.global_vector = self.layout.flatten()
         self.next_round = 0
+        stats.announce = self._bulletin  # the span guard's public record of releases (issue 25)
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -180,6 +181,11 @@ class ServerLoop:
         for pid in cohort:
             for message in messages:
                 self.mailbox.queue(pid, message)
+
+    def _bulletin(self, pid: int, statistic: str, r: int, releases: tuple[tuple[int, tuple[int, ...]], ...]) -> None:
+        """The public record of earlier releases, queued for ``pid`` ahead of a run it is asked to join."""
+        message = RuntimeMessage(kind=Kind.BULLETIN, round=r, digest=self.digest, name=statistic, releases=releases)
+        self.mailbox.queue(pid, message.message(statistic=f"{statistic}_bulletin"))
 
     def _announcer(self, r: int) -> Callable[[str, npt.NDArray[np.float64]], None]:
         """The selection's announcements: a public broadcast to every client, sent with the next exchange."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,6 +66,13 @@ class StatsCoordinator:
         self._once: dict[tuple[str, int, tuple[int, ...]], Release] = {}
         self.authenticator: Authenticator | None = None
         """Set by :meth:`register` (``authenticate``): the server signs and checks every envelope."""
+        self.announce: Callable[[int, str, int, tuple[tuple[int, tuple[int, ...]], ...]], None] | None = None
+        """Set by the runtime when the release rule needs the history (the span guard): called
+        with (client, statistic, round, releases) before a run opens, to queue the public record
+        of the releases that client has not been told yet."""
+        self.public: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        """statistic → (round, contributors) of each release the rule covers, in order."""
+        self._told: dict[tuple[int, str], int] = {}
 
     def register(self, identity: Identity, directory: Directory) -> None:
         """Set-up: the server's signing key and the registry of everyone's, before any sum."""
@@ -146,6 +153,7 @@ class StatsCoordinator:
         run_id = secrets.token_bytes(16)
         request = SumRequest(kind="sum", statistic=declaration.name, round=round, spec=layout.spec,
                              reveal=declaration.reveal, participants=members, session=tag)
+        self._announce(declaration.name, round, members, tag)
         party = session.open(run_id=run_id, request=request)
         start = len(self.transcript)
         context = RunContext(layout.protocol, run_id, round, declaration.name, descriptor(layout.protocol).stages)
@@ -176,9 +184,27 @@ class StatsCoordinator:
             refusals=tuple(refusals) + tuple(party.rejections),
         )
         self.records.append(release)
+        if self._needs_history(declaration.name, tag) and contributors and party.result is not None:
+            self.public.setdefault(declaration.name, []).append((round, contributors))
         if not declaration.per_round:
             self._once[once] = release
         return release
+
+    def _needs_history(self, statistic: str, tag: str) -> bool:
+        policy = self.plan.policy
+        return policy is not None and policy.needs_history and policy.covers(statistic, tag)
+
+    def _announce(self, statistic: str, round: int, members: tuple[int, ...], tag: str) -> None:
+        """Each participant gets the public record of the releases of ``statistic`` it has not
+        been told of (after a resume: all of them again; a client takes a repeat as it is)."""
+        if self.announce is None or not self._needs_history(statistic, tag):
+            return
+        history = self.public.get(statistic, [])
+        for pid in members:
+            told = self._told.get((pid, statistic), 0)
+            if told < len(history):
+                self.announce(pid, statistic, round, tuple(history[told:]))
+                self._told[(pid, statistic)] = len(history)
 
     # --- distributed DP ------------------------------------------------------------------------
 
@@ -223,6 +249,8 @@ class StatsCoordinator:
         return {
             "ledger": None if self.ledger is None else self.ledger.to_dict(),
             "once": [{**_release_state(r), "cohort": list(key[2])} for key, r in self._once.items()],
+            **({"public": {name: [[r, list(c)] for r, c in entries] for name, entries in self.public.items()}}
+               if self.public else {}),
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -232,6 +260,9 @@ class StatsCoordinator:
             from secure_fl.privacy import PrivacyLedger
 
             self.ledger.releases[:] = PrivacyLedger.from_dict(state["ledger"]).releases
+        self.public = {str(name): [(int(r), tuple(int(c) for c in members)) for r, members in entries]
+                       for name, entries in state.get("public", {}).items()}
+        self._told = {}
         self._once = {}
         for item in state.get("once", []):
             release = _release_from_state(item)

@@ -13,8 +13,13 @@ selection applies the same rule so that an honest server is never refused.
 * :class:`FixedCohorts` (``name = "cohorts"``): the participants must be a union of whole
   public cohorts, so every recoverable combination is a combination of cohort sums.
 
-A client checks with what it has seen: the participant sets of the requests it accepted (and
-the server, when it selects, with the full history); see docs/audit.md for what that covers.
+Membership of every release is public. For the span guard the server announces each covered
+release's contributors to the next request's participants (a runtime ``bulletin``) before the
+run opens, so a client checks the span of *every* release so far, not only the ones it joined.
+A client also holds the server to that record: a release it joined and saw summed that the
+record omits or tells differently makes it refuse every later release of that statistic. See
+docs/audit.md for what that covers and what it does not (a server telling different clients
+different stories about releases none of them joined).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from protocols import PolicyError
 
 __all__ = ["MAX_CANDIDATE_SETS", "FixedCohorts", "ReleasePolicy", "SpanGuard", "make_cohorts", "small_set_in_span"]
 
@@ -98,6 +105,9 @@ class ReleasePolicy:
 
     exempt: frozenset[str] = field(default_factory=frozenset, kw_only=True)
 
+    needs_history: bool = field(default=False, init=False)
+    """Whether the rule depends on earlier releases (the server then announces them)."""
+
     def covers(self, statistic: str, session: str = "") -> bool:
         return not session and statistic not in self.exempt
 
@@ -115,6 +125,7 @@ class SpanGuard(ReleasePolicy):
     """Refuse a release that puts a set of fewer than ``k`` clients in the span (module docstring)."""
 
     k: int = 4
+    needs_history: bool = field(default=True, init=False)
 
     def violation(self, history: Sequence[tuple[int, ...]], participants: tuple[int, ...], *,
                   num_clients: int) -> str | None:
@@ -166,29 +177,100 @@ class FixedCohorts(ReleasePolicy):
 
 
 class ReleaseChecker:
-    """One client's (or the server's) record of participant sets per statistic, and the check."""
+    """One client's (or the server's) record of participant sets per statistic, and the check.
+
+    ``history`` holds the releases this party joined (the participants asked, then the
+    contributors once it saw the result); ``public`` the contributors of every release the server
+    announced. A policy that :attr:`~ReleasePolicy.needs_history` checks against both, and the
+    server's announcement must agree with every release this party saw summed.
+    """
 
     def __init__(self, policy: ReleasePolicy, *, num_clients: int) -> None:
         self.policy = policy
         self.num_clients = num_clients
         self.history: dict[str, dict[int, tuple[int, ...]]] = {}
         """statistic → round → the participant set of that release (the contributors once known)."""
+        self.public: dict[str, dict[int, tuple[int, ...]]] = {}
+        """statistic → round → the contributors the server announced."""
+        self.summed: dict[str, set[int]] = {}
+        """statistic → rounds of the releases this party joined and saw summed."""
+        self.distrust: dict[str, str] = {}
+        """statistic → why the server's record of it cannot be trusted (every later release refused)."""
 
     def check(self, statistic: str, round: int, participants: Sequence[int], *, session: str = "") -> str | None:
         if not self.policy.covers(statistic, session):
             return None
+        if statistic in self.distrust:
+            return self.distrust[statistic]
         seen = self.history.get(statistic, {})
+        if self.policy.needs_history:
+            public = self.public.get(statistic, {})
+            missing = sorted(r for r in self.summed.get(statistic, ()) if r != round and r not in public)
+            if missing:
+                return (f"guard: the server's public record of {statistic!r} omits the release of round {missing[0]} "
+                        "that this client joined")
+            seen = {**public, **seen}
         earlier = [p for r, p in sorted(seen.items()) if r != round]
         return self.policy.violation(earlier, tuple(sorted(int(c) for c in participants)),
                                      num_clients=self.num_clients)
 
-    def record(self, statistic: str, round: int, participants: Sequence[int], *, session: str = "") -> None:
-        if self.policy.covers(statistic, session):
-            self.history.setdefault(statistic, {})[int(round)] = tuple(sorted(int(c) for c in participants))
+    def record(self, statistic: str, round: int, participants: Sequence[int], *, session: str = "",
+               summed: bool = False) -> None:
+        """This party joined a release (``summed``: and saw its result, over ``participants``)."""
+        if not self.policy.covers(statistic, session):
+            return
+        members = tuple(sorted(int(c) for c in participants))
+        self.history.setdefault(statistic, {})[int(round)] = members
+        if summed:
+            self.summed.setdefault(statistic, set()).add(int(round))
+            self._agree(statistic, int(round))
+
+    def learn(self, statistic: str, releases: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """The server's announcement of releases of ``statistic``: kept, and checked against
+        what this party saw summed (:class:`PolicyError` on a contradiction, after which every
+        later release of it is refused). Announcing a release twice alike is harmless."""
+        if not self.policy.covers(statistic):
+            raise PolicyError(f"the server announced releases of {statistic!r}, which no release rule covers")
+        public = self.public.setdefault(statistic, {})
+        for round, members in releases:
+            entry = tuple(sorted(int(c) for c in members))
+            if int(round) in public and public[int(round)] != entry:
+                self._refuse(statistic, f"guard: the server announced two different releases of {statistic!r} "
+                                        f"at round {round}")
+            public[int(round)] = entry
+            self._agree(statistic, int(round))
+
+    def _agree(self, statistic: str, round: int) -> None:
+        announced = self.public.get(statistic, {}).get(round)
+        if round in self.summed.get(statistic, ()) and announced is not None:
+            mine = self.history[statistic][round]
+            if announced != mine:
+                self._refuse(statistic, f"guard: the server announced the release of {statistic!r} at round {round} "
+                                        f"over {list(announced)}, but this client saw it summed over {list(mine)}")
+
+    def _refuse(self, statistic: str, reason: str) -> None:
+        self.distrust[statistic] = reason
+        raise PolicyError(reason)
 
     def state(self) -> dict[str, Any]:
-        return {name: {str(r): list(p) for r, p in rounds.items()} for name, rounds in self.history.items()}
+        out: dict[str, Any] = {name: {str(r): list(p) for r, p in rounds.items()}
+                               for name, rounds in self.history.items()}
+        if self.public or self.summed or self.distrust:  # older snapshots hold the history alone
+            out = {"joined": out,
+                   "public": {name: {str(r): list(p) for r, p in rounds.items()} for name, rounds in self.public.items()},
+                   "summed": {name: sorted(rounds) for name, rounds in self.summed.items()},
+                   "distrust": dict(self.distrust)}
+        return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        self.history = {str(name): {int(r): tuple(int(c) for c in p) for r, p in rounds.items()}
-                        for name, rounds in state.items()}
+        def table(rounds_by_name: Mapping[str, Any]) -> dict[str, dict[int, tuple[int, ...]]]:
+            return {str(name): {int(r): tuple(int(c) for c in p) for r, p in rounds.items()}
+                    for name, rounds in rounds_by_name.items()}
+
+        if "joined" in state:
+            history, public = table(state["joined"]), table(state["public"])
+            summed = {str(name): {int(r) for r in rounds} for name, rounds in state["summed"].items()}
+            distrust = {str(name): str(reason) for name, reason in state["distrust"].items()}
+        else:
+            history, public, summed, distrust = table(state), {}, {}, {}
+        self.history, self.public, self.summed, self.distrust = history, public, summed, distrust

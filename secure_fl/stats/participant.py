@@ -15,7 +15,7 @@ noises the statistic, and encodes it for the protocol. What it learns comes back
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -190,12 +190,20 @@ class StatsParticipant:
             return
         if self.guard is not None and result.request.kind == "sum":  # the set actually summed
             self.guard.record(declaration.name, result.request.round, result.contributors,
-                              session=result.request.session)
+                              session=result.request.session, summed=True)
         layout = self.layouts(declaration, len(result.request.participants), result.protocol)
         values, clipped = result.total, None
         if layout.digits:
             values, clipped = read_tally(layout.base, values, layout.digits, len(result.contributors))
         self.on_learned(Learned(declaration.name, result.request.round, values, result.contributors, clipped))
+
+    def learn_releases(self, statistic: str, releases: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """The server's public record of earlier releases of ``statistic`` (a runtime bulletin),
+        for the release rule; a :class:`PolicyError` when this client has no rule that needs it,
+        or when it contradicts a release this client saw summed."""
+        if self.guard is None or not self.guard.policy.needs_history:
+            raise PolicyError("this run's clients keep no release record: a bulletin is not expected")
+        self.guard.learn(statistic, releases)
 
     # --- snapshots ------------------------------------------------------------------------------
 

@@ -218,3 +218,63 @@ secure_mode = false
     assert layout.noisy is not None and layout.noisy.sigma == server.sigma
     assert layout.noisy.sensitivity == server.sensitivity
     assert 0.0 < sim.privacy_report()[MODEL_UPDATE].epsilon <= 2.0 + 1e-6
+
+
+def test_the_span_guard_checks_every_public_release_not_only_those_a_client_joined() -> None:
+    """{0,1}, {2,3}, then {0..4}: client 4 joined none of the first two, and each of 0-3 sees only
+    its own pair, so no client alone could tell that the third release isolates client 4 — until
+    the server's public record (a bulletin before the run) tells client 4 about all of them."""
+    policy = SpanGuard(k=2)
+    joined_only = ReleaseChecker(policy, num_clients=5)
+    assert joined_only.check("s", 2, [0, 1, 2, 3, 4]) is None  # what the client used to see
+    told = ReleaseChecker(policy, num_clients=5)
+    told.learn("s", [(0, (0, 1)), (1, (2, 3))])
+    reason = told.check("s", 2, [0, 1, 2, 3, 4])
+    assert reason is not None and "reveal the sum of clients [4]" in reason
+
+
+def test_a_client_holds_the_server_to_its_public_record() -> None:
+    checker = ReleaseChecker(SpanGuard(k=2), num_clients=6)
+    checker.record("s", 0, [0, 1, 2], summed=True)
+    # the record omits a release this client saw summed: it refuses
+    reason = checker.check("s", 1, [0, 1, 2, 3])
+    assert reason is not None and "omits the release of round 0" in reason
+    checker.learn("s", [(0, (0, 1, 2))])
+    checker.learn("s", [(0, (0, 1, 2))])  # a repeat (after a resume) is harmless
+    assert checker.check("s", 1, [0, 1, 2, 3, 4, 5]) is None
+    with pytest.raises(ProtocolError, match="two different releases"):
+        checker.learn("s", [(0, (0, 1, 2, 5))])  # a different story about that release
+    assert "two different releases" in (checker.check("s", 1, [0, 1, 2, 3, 4, 5]) or "")  # and from now on
+    fresh = ReleaseChecker(SpanGuard(k=2), num_clients=6)
+    fresh.learn("s", [(0, (0, 1, 2, 5))])
+    with pytest.raises(ProtocolError, match=r"saw it summed over \[0, 1, 2\]"):
+        fresh.record("s", 0, [0, 1, 2], summed=True)  # told first, then saw it summed otherwise
+    restored = ReleaseChecker(SpanGuard(k=2), num_clients=6)
+    restored.load_state(json.loads(json.dumps(checker.state())))
+    assert (restored.public, restored.summed, restored.distrust) == (checker.public, checker.summed, checker.distrust)
+
+
+def test_clients_refuse_a_release_that_the_public_record_shows_isolates_a_client() -> None:
+    """A server that requests {0,1}, {2,3}, then {0,...,4} directly (bypassing its own selection).
+    Joined releases alone, clients 0-3 each saw one pair and client 4 nothing, so every one of them
+    accepted and the third sum minus the first two gave client 4's input. Told the public record
+    before the run, every participant sees that the release isolates client 4 and refuses."""
+    settings = AuditSettings(rounds=1, mitigation_params={"guard": {"k": 2}})
+    config = run_config("fedavg", "masking", settings, mitigation="guard")
+    sim = build_simulation(config, device=torch.device("cpu"), dataset=load_dataset_for(settings))
+    sim.setup()
+    sim.stats.request(TOTAL_SAMPLES, cohort=[0, 1], round=0)
+    sim.stats.request(TOTAL_SAMPLES, cohort=[2, 3], round=1)
+    with pytest.raises(ProtocolError):  # every participant refuses: nothing is summed
+        sim.stats.request(TOTAL_SAMPLES, cohort=[0, 1, 2, 3, 4], round=2)
+    for cid in range(5):
+        guard = sim.nodes[cid].participant.guard
+        assert guard is not None and guard.public[TOTAL_SAMPLES.name] == {0: (0, 1), 1: (2, 3)}
+        reason = guard.check(TOTAL_SAMPLES.name, 2, [0, 1, 2, 3, 4])
+        assert reason is not None and "reveal the sum of clients [4]" in reason
+        joined_only = ReleaseChecker(guard.policy, num_clients=guard.num_clients)
+        joined_only.history = guard.history
+        assert joined_only.check(TOTAL_SAMPLES.name, 2, [0, 1, 2, 3, 4]) is None  # what it used to check
+    bulletins = [e for e in sim.transcript.entries if e.stage == "bulletin"]
+    # round 1: the first release to clients 2 and 3; round 2: to each participant what it had not been told
+    assert sorted(e.receiver for e in bulletins) == [0, 1, 2, 2, 3, 3, 4]

@@ -177,6 +177,8 @@ def examples() -> list[RuntimeMessage]:
         RuntimeMessage(kind=Kind.BROADCAST, round=3, digest=DIGEST, name="control", vector=vector),
         RuntimeMessage(kind=Kind.TRAIN, round=0, digest=DIGEST, vector=vector),
         RuntimeMessage(kind=Kind.ABORT, round=2**40, digest=DIGEST),
+        RuntimeMessage(kind=Kind.BULLETIN, round=5, digest=DIGEST, name="total_samples",
+                       releases=((0, (0, 1, 2)), (3, (4,)), (4, (1, 2**32 - 2)))),
         RuntimeMessage(kind=Kind.REFUSE, round=-1, digest=DIGEST, reason="StageError: nope ✗"),
     ]
 
@@ -187,8 +189,8 @@ def test_runtime_messages_round_trip() -> None:
         data = message.to_bytes()
         assert is_runtime(data)
         back = RuntimeMessage.from_bytes(data, dimension=7)
-        assert (back.kind, back.round, back.digest, back.name, back.reason) == \
-            (message.kind, message.round, message.digest, message.name, message.reason)
+        assert (back.kind, back.round, back.digest, back.name, back.reason, back.releases) == \
+            (message.kind, message.round, message.digest, message.name, message.reason, message.releases)
         if message.vector is None:
             assert back.vector is None
         else:
@@ -204,6 +206,10 @@ def test_runtime_messages_round_trip() -> None:
     with pytest.raises(WireError, match="non-finite"):
         RuntimeMessage.from_bytes(dataclasses.replace(
             examples()[1], vector=np.array([1.0, np.nan], dtype=np.float32)).to_bytes())
+    for releases, match in ((((0, (2, 1)),), "ascending"), (((0, ()),), "1 to"), ((), "1 to")):
+        with pytest.raises(WireError, match=match):
+            RuntimeMessage.from_bytes(RuntimeMessage(kind=Kind.BULLETIN, round=1, digest=DIGEST, name="s",
+                                                     releases=releases).to_bytes())
     long = RuntimeMessage(kind=Kind.REFUSE, round=0, digest=DIGEST, reason="x" * 2000)
     assert len(RuntimeMessage.from_bytes(long.to_bytes()).reason) == 512
 
