@@ -33,25 +33,38 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from protocols import WireError
+from protocols import SERVER, Directory, Identity, StageError, WireError
 from secure_fl.config import ConfigError, RunConfig
 from secure_fl.runtime.messages import run_digest
 
 from .client import NodeHost, NodeState, handle
 from .nodestore import MissingState, NodeStateError, NodeStore, StoredNode, TamperedState
-from .wire import KEY, read_hello, read_request, write_hello_reply, write_reply
+from .wire import (
+    KEY,
+    decode_keys,
+    encode_keys,
+    read_hello,
+    read_register,
+    read_request,
+    write_hello_reply,
+    write_register_reply,
+    write_reply,
+)
 
-__all__ = ["NodeSettings", "ServerSettings", "client_app", "exchange", "hello", "node_app", "serve", "server_app"]
+__all__ = ["NodeSettings", "ServerSettings", "client_app", "exchange", "hello", "node_app", "register", "serve",
+           "server_app"]
 
 log = logging.getLogger("secure_fl.flower")
 
@@ -226,18 +239,25 @@ def _store(settings: NodeSettings) -> NodeStore | None:
     return None if settings.state_path is None else NodeStore(settings.state_path, partition=settings.partition)
 
 
+def _identity(raw: bytes, partition: int) -> Identity:
+    return Identity(partition, Ed25519PrivateKey.from_private_bytes(raw))
+
+
 def hello(message: Message, context: Context, *, state_root: str | None = None) -> Message:
     """The run's public config: checked (it must parse, and this node must find its data and partition —
     loaded here, under the hello's longer wait, not in the first stage) and kept; answered with this
-    node's party. On a resume the node restores its own stored state of the round the server names,
-    or answers why it cannot (it is then a dropout, never a fresh node in a resumed run)."""
+    node's party (and, under ``authenticate``, its public signing key: the key is made here, from
+    :mod:`secrets`, and kept in the node's own state). On a resume the node restores its own stored
+    state (and key) of the round the server names, or answers why it cannot (it is then a dropout,
+    never a fresh node in a resumed run)."""
     request = read_hello(message.content)
     settings = _node_config(context, state_root)
     config = _config(request.config)
     node = NodeHost.node(config, settings.partition, data_path=settings.data_path)
     store = _store(settings) if request.run_id else None
+    authenticate = config.secure.authenticate
     fields: dict[str, Any] = {"config": request.config, "snapshot": b"", "live": b"", "run-id": request.run_id,
-                              "stored": request.resume}
+                              "stored": request.resume, "identity": b"", "keys": b""}
     error = ""
     if request.resume >= 0:
         try:
@@ -245,20 +265,60 @@ def hello(message: Message, context: Context, *, state_root: str | None = None) 
                 raise MissingState(f"client {settings.partition} keeps no state (no state-path in its node config, "
                                    "or no run id): it cannot resume")
             stored = store.load(request.run_id, request.resume, digest=run_digest(config.to_dict()))
+            if authenticate and not stored.identity:
+                raise TamperedState(f"client {settings.partition}: stored state of round {stored.round} holds no "
+                                    "signing key")
             try:
                 node.restore(stored.snapshot)
             except WireError as failure:
                 raise TamperedState(f"client {settings.partition}: stored state of round {stored.round}: "
                                     f"{failure}") from None
-            fields["snapshot"] = stored.snapshot
+            fields.update(snapshot=stored.snapshot, identity=stored.identity if authenticate else b"")
         except NodeStateError as failure:
             error = str(failure)
             fields = {"config": request.config, "error": error}
-    elif store is not None:  # a fresh start: the state a resume before this node's first change restores
-        store.save(request.run_id, -1, digest=run_digest(config.to_dict()), node=StoredNode(-1, node.snapshot()))
+    else:
+        if authenticate:
+            fields["identity"] = secrets.token_bytes(32)
+        if store is not None:  # a fresh start: the state a resume before this node's first change restores
+            store.save(request.run_id, -1, digest=run_digest(config.to_dict()),
+                       node=StoredNode(-1, node.snapshot(), fields["identity"]))
     context.state[KEY] = ConfigRecord(fields)
+    key = _identity(fields["identity"], settings.partition).public_bytes if fields.get("identity") else b""
     return Message(write_hello_reply(nonce=request.nonce, party=settings.partition, parties=settings.parties,
-                                     error=error), reply_to=message)
+                                     error=error, key=key), reply_to=message)
+
+
+def _record(context: Context) -> ConfigRecord:
+    try:
+        record = context.state[KEY]
+    except KeyError:
+        raise ConfigError("a message before the hello: this node does not know the run") from None
+    assert isinstance(record, ConfigRecord)
+    if "error" in record:
+        raise NodeStateError(str(record["error"]))
+    return record
+
+
+def register(message: Message, context: Context, *, state_root: str | None = None) -> Message:
+    """``authenticate``: the directory of every party's public key, kept for the run. It must hold
+    this node's own key as the node made it, and the server's; the node checks every message
+    against it from now on (:meth:`~secure_fl.runtime.node.ClientNode.register`)."""
+    nonce, keys = read_register(message.content)
+    settings = _node_config(context, state_root)
+    record = _record(context)
+    identity = bytes(record["identity"])  # type: ignore[arg-type]
+    if not identity:
+        raise StageError("a registration in a run without authenticate")
+    mine = _identity(identity, settings.partition).public_bytes
+    if keys.get(settings.partition) != mine:
+        raise StageError(f"the directory does not hold client {settings.partition}'s own key")
+    if SERVER not in keys:
+        raise StageError("the directory holds no key of the server")
+    Directory(keys)  # every key parses
+    record["keys"] = encode_keys(keys)
+    context.state[KEY] = record
+    return Message(write_register_reply(nonce=nonce, count=len(keys)), reply_to=message)
 
 
 def exchange(message: Message, context: Context, *, state_root: str | None = None) -> Message:
@@ -266,25 +326,26 @@ def exchange(message: Message, context: Context, *, state_root: str | None = Non
     node's disk, keyed by run and round, when it changed)."""
     request = read_request(message.content)
     settings = _node_config(context, state_root)
-    try:
-        record = context.state[KEY]
-    except KeyError:
-        raise ConfigError("an exchange before the hello: this node does not know the run") from None
-    assert isinstance(record, ConfigRecord)
-    if "error" in record:
-        raise NodeStateError(str(record["error"]))
+    record = _record(context)
     text, run_id, stored = record["config"], record["run-id"], record["stored"]
+    identity, keys = bytes(record["identity"]), bytes(record["keys"])  # type: ignore[arg-type]
     assert isinstance(text, str) and isinstance(run_id, str) and isinstance(stored, int)
     config = _config(text)
-    node = NodeHost.node(config, settings.partition, data_path=settings.data_path)
+    node = NodeHost.node(config, settings.partition, data_path=settings.data_path,
+                         identity=_identity(identity, settings.partition) if identity else None)
+    if identity:
+        if not keys:
+            raise StageError("an exchange before the registration of the signing keys")
+        node.register(Directory(decode_keys(keys)))
     previous = NodeState(snapshot=bytes(record["snapshot"]), live=bytes(record["live"]))  # type: ignore[arg-type]
     replies, state = handle(node, previous, request.inbox)
     store = _store(settings) if run_id else None
     if store is not None and state.snapshot != previous.snapshot:
         stored = max(stored, request.round)  # never file a later state under an earlier round
-        store.save(run_id, stored, digest=run_digest(config.to_dict()), node=StoredNode(stored, state.snapshot))
+        store.save(run_id, stored, digest=run_digest(config.to_dict()),
+                   node=StoredNode(stored, state.snapshot, identity))
     context.state[KEY] = ConfigRecord({"config": text, "snapshot": state.snapshot, "live": state.live,
-                                       "run-id": run_id, "stored": stored})
+                                       "run-id": run_id, "stored": stored, "identity": identity, "keys": keys})
     return Message(write_reply(nonce=request.nonce, seq=request.seq, outbox=replies), reply_to=message)
 
 
@@ -301,6 +362,10 @@ def node_app(*, state_root: str | None = None) -> ClientApp:
     @app.query("exchange")
     def _exchange(message: Message, context: Context) -> Message:
         return exchange(message, context, state_root=state_root)
+
+    @app.query("register")
+    def _register(message: Message, context: Context) -> Message:
+        return register(message, context, state_root=state_root)
 
     return app
 

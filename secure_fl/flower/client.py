@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from protocols import Message, WireError
+from protocols import Identity, Message, WireError
 from secure_fl.algorithms import ClientData, LocalTrainer, Method, RunInfo, make_algorithm
 from secure_fl.config import ConfigError, RunConfig
 from secure_fl.data import Dataset
@@ -108,8 +108,10 @@ class NodeHost:
             return parts
 
     @classmethod
-    def node(cls, config: RunConfig, partition_id: int, *, data_path: str | None = None) -> ClientNode:
-        """A fresh node of client ``partition_id`` (restore its state with :func:`restore`)."""
+    def node(cls, config: RunConfig, partition_id: int, *, data_path: str | None = None,
+             identity: Identity | None = None) -> ClientNode:
+        """A fresh node of client ``partition_id`` (restore its state with :func:`restore`), with the
+        signing key ``identity`` it keeps (``authenticate``; register the directory next)."""
         parts = cls.parts(config, data_path=data_path)
         if partition_id not in parts.clients:
             raise ConfigError(f"partition-id {partition_id} is not a client of this run "
@@ -119,7 +121,7 @@ class NodeHost:
             data=parts.clients[partition_id], method=parts.method.client(parts.info), plan=parts.plan,
             info=parts.info, trainer=parts.trainer, seeds=parts.seeds, digest=parts.digest,
             selection=selection.client(num_classes=parts.num_classes), dp_sgd=parts.dp_sgd,
-            extra_sessions=parts.extra, noise_seed=parts.noise_seed)
+            extra_sessions=parts.extra, noise_seed=parts.noise_seed, identity=identity)
 
 
 def _build_parts(config: RunConfig, *, data_path: str | None) -> _RunParts:

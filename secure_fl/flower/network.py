@@ -42,9 +42,12 @@ from .wire import (
     EXCHANGE,
     HELLO,
     NONCE_BYTES,
+    REGISTER,
     read_hello_reply,
+    read_register_reply,
     read_reply,
     write_hello,
+    write_register,
     write_request,
 )
 
@@ -158,6 +161,8 @@ class FlowerNetwork(Network):
         self.stages: list[StageRecord] = []
         self.rejected: list[str] = []
         """Replies that matched no message of the exchange (late, unknown): dropped, never fatal."""
+        self.keys: dict[PartyId, bytes] = {}
+        """The public signing keys the nodes sent in their hello replies (``authenticate``)."""
         self._seq = 0
 
     # --- set-up: which node is which party --------------------------------------------------------
@@ -193,6 +198,7 @@ class FlowerNetwork(Network):
         pending = {m.metadata.message_id: node for node, m in messages.items() if m.metadata.message_id in ids}
         found: dict[PartyId, int] = {}
         refused: dict[PartyId, str] = {}
+        keys: dict[PartyId, bytes] = {}
         deadline = clock() + wait
         while pending:
             for reply in grid.pull_messages(list(pending)):
@@ -215,6 +221,8 @@ class FlowerNetwork(Network):
                 found[party] = node
                 if hello.error:
                     refused[party] = hello.error
+                elif hello.key:
+                    keys[party] = hello.key
             if not pending or len(found) == parties or clock() >= deadline:  # extra nodes need not answer
                 break
             _check(stop)
@@ -224,11 +232,57 @@ class FlowerNetwork(Network):
             raise FlowerError(f"no node answered for partition(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}"
                               f" within {wait:g} s")
         network = cls(grid, found, nonce=nonce, stage_timeout=stage_timeout, poll_interval=poll_interval, **options)
+        network.keys = keys
         for party, reason in sorted(refused.items()):
-            network.gone.add(party)
-            network.dropouts.append(Dropout(round=resume + 1, stage="hello", party=party, reason=reason, gone=True))
-            log.warning("client %d cannot take part: %s", party, reason)
+            network.exclude(party, reason, round=resume + 1, stage="hello")
         return network
+
+    def exclude(self, party: PartyId, reason: str, *, round: int, stage: str) -> None:
+        """Count ``party`` out of the rest of the run (it cannot take part: ``reason``)."""
+        self.gone.add(party)
+        self.dropouts.append(Dropout(round=round, stage=stage, party=party, reason=reason, gone=True))
+        log.warning("client %d cannot take part: %s", party, reason)
+
+    # --- registration: every party's signing key (``authenticate``) -----------------------------------
+
+    def register(self, keys: Mapping[PartyId, bytes], *, round: int) -> None:
+        """Send every party that is not gone the directory of public keys ``keys`` (one round trip);
+        a party that does not confirm within the stage timeout is excluded, with the reason."""
+        start = self.clock()
+        messages = {party: FlowerMessage(write_register(nonce=self.nonce, keys=keys), dst_node_id=node,
+                                         message_type=REGISTER)
+                    for party, node in sorted(self.nodes.items()) if party not in self.gone}
+        pushed = set(self.grid.push_messages(list(messages.values()))) if messages else set()
+        pending = {m.metadata.message_id: party for party, m in messages.items() if m.metadata.message_id in pushed}
+        wire = sum(wire_bytes(m) for m in messages.values())
+        failed = {party: "the SuperLink refused the message" for party, m in messages.items()
+                  if m.metadata.message_id not in pushed}
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                party = pending.pop(reply.metadata.reply_to_message_id, None)
+                if party is None:
+                    self.rejected.append(f"a reply from node {reply.metadata.src_node_id} to no registration")
+                    continue
+                try:
+                    if reply.has_error():
+                        raise StageError(f"Flower error reply {reply.error.code}: {reply.error.reason}")
+                    wire += wire_bytes(reply)
+                    if reply.metadata.src_node_id != self.nodes[party]:
+                        raise StageError(f"the reply came from node {reply.metadata.src_node_id}")
+                    if read_register_reply(reply.content, nonce=self.nonce) != len(keys):
+                        raise StageError("it registered another directory")
+                except ProtocolError as error:
+                    failed[party] = f"{type(error).__name__}: {error}"
+            if not pending or self.clock() >= start + self.stage_timeout:
+                break
+            _check(self.stop)
+            self.sleep(self.poll_interval)
+        for party in pending.values():
+            failed[party] = f"no reply within the stage timeout ({self.stage_timeout:g} s)"
+        for party, reason in sorted(failed.items()):
+            self.exclude(party, f"registration: {reason}", round=round, stage="register")
+        self.stages.append(StageRecord(round=round, stage="register", seconds=self.clock() - start, wire_bytes=wire,
+                                       transcript_bytes=0, parties=len(messages), lost=tuple(sorted(failed))))
 
     # --- exchanges -------------------------------------------------------------------------------------
 

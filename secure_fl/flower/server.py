@@ -19,11 +19,14 @@ from __future__ import annotations
 import copy
 import json
 import math
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from protocols import SERVER, Directory, Identity
 from secure_fl.algorithms import LocalTrainer, RunInfo, make_algorithm
 from secure_fl.algorithms.base import check_round_metrics
 from secure_fl.config import RunConfig
@@ -74,10 +77,6 @@ class FlowerServer:
 
     def __init__(self, config: RunConfig, *, network: FlowerNetwork, device: torch.device, dataset: Dataset,
                  resumed: int = -1) -> None:
-        if config.secure.authenticate:
-            raise ValueError("secure.authenticate needs every node's signing key registered before the run; the "
-                             "Flower engines have no such registration step yet (Flower's node authentication "
-                             "covers only SuperNode to SuperLink): run it on the embedded engine")
         self.config = config
         self.resumed = resumed
         """The round whose state the nodes were told to restore at the hello (-1: a fresh start)."""
@@ -103,6 +102,8 @@ class FlowerServer:
         stats = StatsCoordinator(self.plan, mailbox)
         for (protocol, tag), options in selection.sessions().items():
             stats.add_session(protocol, tag, options)
+        if config.secure.authenticate:
+            self._register(stats)
         self.privacy_delta = privacy.reporting_delta if privacy.enabled else (
             noised.statistics[DEFAULT_STATISTIC].delta if noised is not None else 1e-5)
         self.server = ServerLoop(
@@ -117,6 +118,31 @@ class FlowerServer:
         self._stages = 0
         self._dropouts = 0
         self.on_client: Callable[[int, int, int], None] | None = None
+
+    def _register(self, stats: StatsCoordinator) -> None:
+        """The registration step over Flower messages (``authenticate``): each node made its own
+        signing key and sent the public half in its hello reply; the server makes its own, registers
+        the directory of all of them with its coordinator and sends it to every node (one round
+        trip). The server distributes the keys: an active server could substitute them unless they
+        are pinned out of band (docs/threat-model.md)."""
+        first = self.resumed + 1
+        keys: dict[int, bytes] = {}
+        for party in range(self.config.data.num_clients):
+            key = self.network.keys.get(party)
+            if party in self.network.gone:
+                continue
+            try:
+                if key is None:
+                    raise ValueError("it sent no signing key")
+                Directory({party: key})
+            except ValueError as error:
+                self.network.exclude(party, f"registration: {error}", round=first, stage="hello")
+                continue
+            keys[party] = key
+        server = Identity(SERVER, Ed25519PrivateKey.from_private_bytes(secrets.token_bytes(32)))
+        directory = Directory({**keys, SERVER: server.public_bytes})
+        stats.register(server, directory)
+        self.network.register(dict(directory.items()), round=first)
 
     # --- what the runner reads -----------------------------------------------------------------
 

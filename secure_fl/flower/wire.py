@@ -10,8 +10,12 @@ carries everything the party answers. Both sit in a :class:`flwr.app.ConfigRecor
     hello    {"nonce": bytes 16, "config": str (the run's public config, JSON), "run-id": str,
               "resume": int (the round whose stored state to restore; -1: a fresh start)}
     hello reply {"nonce": bytes 16, "party": int, "parties": int,
-                 "error": str (why this node cannot take part, e.g. no stored state; "" when it can)}
+                 "error": str (why this node cannot take part, e.g. no stored state; "" when it can),
+                 "key": bytes (its Ed25519 public key, 32 bytes, under ``authenticate``; else empty)}
+    register {"nonce": bytes 16, "keys": bytes}   (``authenticate``: every party's public key)
+    register reply {"nonce": bytes 16, "count": int}
 
+``keys`` is ``u32 count | count × (u32 party | 32-byte key)`` (the server's party is ``SERVER``).
 ``inbox`` is ``u32 count | count × blob``; ``outbox`` is ``u32 count | count × (blob data |
 blob label)``, the label being the sender's transcript label as JSON (what the server's
 transcript records of a client's message is what the client says it is, as on the embedded
@@ -22,7 +26,7 @@ and ``seq`` the exchange (a replayed reply of an earlier exchange is refused).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,12 +36,35 @@ from protocols import Exposure, Label, Message, ReplayError, StageError, WireErr
 from protocols.transcript import Visibility
 from protocols.wire import MAX_PAYLOAD, Reader, Writer
 
-__all__ = ["EXCHANGE", "HELLO", "KEY", "Hello", "HelloReply", "Request", "read_hello", "read_hello_reply", "read_reply",
-           "read_request", "write_hello", "write_hello_reply", "write_reply", "write_request"]
+__all__ = [
+    "EXCHANGE",
+    "HELLO",
+    "KEY",
+    "REGISTER",
+    "Hello",
+    "HelloReply",
+    "Request",
+    "decode_keys",
+    "encode_keys",
+    "read_hello",
+    "read_hello_reply",
+    "read_register",
+    "read_register_reply",
+    "read_reply",
+    "read_request",
+    "write_hello",
+    "write_hello_reply",
+    "write_register",
+    "write_register_reply",
+    "write_reply",
+    "write_request",
+]
 
 KEY: Final = "secure-fl"
 EXCHANGE: Final = "query.exchange"
 HELLO: Final = "query.hello"
+REGISTER: Final = "query.register"
+PUBLIC_KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 16
 MAX_MESSAGES: Final = 4096
 MAX_LABEL: Final = 1024
@@ -190,6 +217,8 @@ class HelloReply:
     parties: int
     error: str = ""
     """Why the node cannot take part (its stored state is missing, foreign or tampered): a dropout."""
+    key: bytes = b""
+    """The node's Ed25519 public key (``authenticate``), else empty."""
 
 
 MAX_ERROR: Final = 1024
@@ -208,9 +237,9 @@ def read_hello(content: RecordDict) -> Hello:
                  run_id=_field(record, "run-id", str), resume=resume)
 
 
-def write_hello_reply(*, nonce: bytes, party: int, parties: int, error: str = "") -> RecordDict:
+def write_hello_reply(*, nonce: bytes, party: int, parties: int, error: str = "", key: bytes = b"") -> RecordDict:
     return RecordDict({KEY: ConfigRecord({"nonce": nonce, "party": party, "parties": parties,
-                                          "error": error[:MAX_ERROR]})})
+                                          "error": error[:MAX_ERROR], "key": key})})
 
 
 def read_hello_reply(content: RecordDict, *, nonce: bytes) -> HelloReply:
@@ -219,4 +248,55 @@ def read_hello_reply(content: RecordDict, *, nonce: bytes) -> HelloReply:
     party, parties, error = _field(record, "party", int), _field(record, "parties", int), _field(record, "error", str)
     if len(error) > MAX_ERROR:
         raise WireError("a hello reply's error is at most 1024 characters")
-    return HelloReply(party=party, parties=parties, error=error)
+    key = _field(record, "key", bytes)
+    if len(key) not in (0, PUBLIC_KEY_BYTES):
+        raise WireError(f"a signing key is {PUBLIC_KEY_BYTES} bytes, not {len(key)}")
+    return HelloReply(party=party, parties=parties, error=error, key=bytes(key))
+
+
+# --- register: every party's signing key (``authenticate``) -----------------------------------------
+
+
+def encode_keys(keys: Mapping[int, bytes]) -> bytes:
+    writer = Writer().u32(len(keys))
+    for party, key in sorted(keys.items()):
+        if len(key) != PUBLIC_KEY_BYTES:
+            raise WireError(f"a signing key is {PUBLIC_KEY_BYTES} bytes, not {len(key)}")
+        writer.u32(party).raw(key)
+    return writer.finish()
+
+
+def decode_keys(data: bytes) -> dict[int, bytes]:
+    """A directory of public keys (party → 32 bytes), strictly."""
+    reader = Reader(data)
+    count = reader.u32()
+    if count > MAX_MESSAGES:
+        raise WireError(f"{count} keys in one directory")
+    keys: dict[int, bytes] = {}
+    for _ in range(count):
+        party, key = reader.u32(), reader.raw(PUBLIC_KEY_BYTES)
+        if party in keys:
+            raise WireError(f"party {party} twice in the directory")
+        keys[party] = key
+    reader.end()
+    return keys
+
+
+def write_register(*, nonce: bytes, keys: Mapping[int, bytes]) -> RecordDict:
+    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "keys": encode_keys(keys)})})
+
+
+def read_register(content: RecordDict) -> tuple[bytes, dict[int, bytes]]:
+    """The server's nonce and the directory of public keys (party → 32 bytes)."""
+    record = _record(content)
+    return _nonce(record, None), decode_keys(_field(record, "keys", bytes))
+
+
+def write_register_reply(*, nonce: bytes, count: int) -> RecordDict:
+    return RecordDict({KEY: ConfigRecord({"nonce": nonce, "count": count})})
+
+
+def read_register_reply(content: RecordDict, *, nonce: bytes) -> int:
+    record = _record(content)
+    _nonce(record, nonce)
+    return int(_field(record, "count", int))

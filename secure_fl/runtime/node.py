@@ -84,6 +84,7 @@ class ClientNode:
         noise_seed: Callable[[str, int, int], np.random.SeedSequence] | None = None,
         pool: ClientPool | None = None,
         authenticate: bool = False,
+        identity: Identity | None = None,
     ) -> None:
         self.client_id = data.client_id
         self.data = data
@@ -121,9 +122,12 @@ class ClientNode:
             on_learned=self._learned, extra_sessions=extra_sessions,
             noise_seed=None if noise_seed is None else (lambda name, r: noise_seed(name, r, self.client_id)),
         )
-        self.identity = Identity(self.client_id) if authenticate else None
-        """This client's signing key (``authenticate``): made here, never leaves the node; only its
-        public half goes to the registration step (:meth:`register`)."""
+        if identity is not None and identity.party != self.client_id:
+            raise ValueError(f"the signing key of {identity!r} given to client {self.client_id}")
+        self.identity = identity if identity is not None else (Identity(self.client_id) if authenticate else None)
+        """This client's signing key (``authenticate``): made here — or ``identity``, the key a node
+        rebuilt for every message made once and keeps in its own state —, never leaves the node;
+        only its public half goes to the registration step (:meth:`register`)."""
 
     def register(self, directory: Directory) -> None:
         """Set-up: the registry of every party's public key, this node's among them."""

@@ -102,15 +102,6 @@ def test_an_active_server_setting_needs_registered_keys() -> None:
     assert "authenticate" not in parse_config(BASE).runs[0].to_dict()["secure"]  # old runs keep their identity
 
 
-def test_the_flower_engines_refuse_authenticate() -> None:
-    pytest.importorskip("flwr")
-    from secure_fl.flower.server import FlowerServer
-
-    run = parse_config(BASE + "[secure]\nauthenticate = true\n").runs[0]
-    with pytest.raises(ValueError, match="no such registration step yet"):
-        FlowerServer(run, network=None, device=torch.device("cpu"), dataset=None)  # type: ignore[arg-type]
-
-
 @pytest.mark.slow
 def test_masking_against_an_active_server_runs_in_a_federated_run() -> None:
     config = RunConfig.from_dict({
