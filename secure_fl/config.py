@@ -458,11 +458,6 @@ def _check_mitigation(mitigation: MitigationConfig, data: DataConfig, privacy: P
                       runtime: RuntimeConfig, source: str) -> None:
     """What a mitigation needs of the rest of the run."""
     p = mitigation.params
-    if isinstance(p, DPMitigation) and runtime.engine != "embedded":
-        # guard and cohorts run on Flower as on the embedded engine (tests/secure_fl/flower/
-        # test_mitigation.py: the same transcript and model); distributed DP is not shown to yet.
-        raise ConfigError(f"{source}: mitigation {mitigation.name!r} runs on the embedded engine only for now; "
-                          f"runtime.engine is {runtime.engine!r}")
     if isinstance(p, GuardMitigation) and p.k > data.num_clients:
         raise ConfigError(f"{source}: mitigation.k = {p.k} exceeds data.num_clients = {data.num_clients}")
     if isinstance(p, CohortMitigation) and p.size > data.num_clients:

@@ -77,7 +77,7 @@ def test_mitigation_table_is_validated() -> None:
                        ('name = "cohorts"\nk = 3', "unknown key 'mitigation.k'"),
                        ('name = "dp"\nepsilon = -1.0', "mitigation.epsilon"),
                        ('name = "dp"\ncounts = "some"', "mitigation.counts"),
-                       ('name = "dp"\n[runtime]\nengine = "flower"', "embedded engine only")]:
+                       ('name = "dp"', "hands the server every client's input")]:  # BASE: plain, clear
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             parse_config(BASE + "[mitigation]\n" + bad + "\n")
 
