@@ -11,6 +11,11 @@ Prints one JSON object ``{"case", "ours", "peer", "ratio", "unit", "detail"}`` w
 ``masking-bound``
     One masking client's upload stage (n = 100 neighbours, d = 1e6) vs generating the same
     AES-128-CTR keystream bytes (see bench/masking_bound.py).
+``masking-active``
+    One masking client's whole per-run work (every stage) with ``active_server=True`` (signed
+    keys, consistency round) vs the default client of the code before issue 22's speed work
+    (git commit ``masking_bound.BASELINE``), n = 100 neighbours, d = 1e6, alternating run by run
+    (``--sample`` runs each; see bench/masking_bound.py).
 ``masking-flower``
     The same client work with Flower's SecAgg+ primitives (P-384 ECDH from serialised keys,
     masks from ``pseudo_rand_gen``, int64 arithmetic); skipped when ``flwr`` is not installed.
@@ -46,7 +51,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CASES = ("paillier-registry", "masking-bound", "masking-flower", "ckks-bytes", "simulation", "flower-secagg")
+CASES = ("paillier-registry", "masking-bound", "masking-active", "masking-flower", "ckks-bytes", "simulation", "flower-secagg")
 SCRIPTS = {"simulation": "simulation.py", "flower-secagg": "flower_secagg.py"}
 """Cases run as their own script (its options follow the case name)."""
 
@@ -100,7 +105,13 @@ def paillier_registry(args: argparse.Namespace) -> dict[str, Any]:
 def masking_bound(args: argparse.Namespace) -> dict[str, Any]:
     import masking_bound
 
-    return masking_bound.measure(args.neighbours, args.length or 1_000_000, sample=args.sample)
+    return masking_bound.measure(args.neighbours, args.length or 1_000_000, sample=max(args.sample, 9))
+
+
+def masking_active(args: argparse.Namespace) -> dict[str, Any]:
+    import masking_bound
+
+    return masking_bound.active_work(args.neighbours + 1, args.length or 1_000_000, repeats=min(args.sample, 3))
 
 
 # --- masking-flower ---------------------------------------------------------------------------
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.case in SCRIPTS:
         out: dict[str, Any] | int = simulation(args, rest)
     else:
-        out = {"paillier-registry": paillier_registry, "masking-bound": masking_bound,
+        out = {"paillier-registry": paillier_registry, "masking-bound": masking_bound, "masking-active": masking_active,
                "masking-flower": masking_flower, "ckks-bytes": ckks_bytes}[args.case](args)
     if isinstance(out, int):
         return out

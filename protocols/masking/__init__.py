@@ -94,6 +94,7 @@ from .parameters import (
     graph_seed,
     group_parameters,
     harary_graph,
+    harary_neighbours,
     sparse_graph_parameters,
     sparse_parameters,
     word_dtype,
@@ -115,7 +116,7 @@ __all__ = [
     "CompleteServerSession", "GroupParameters", "KeyAdvert", "MaskingClient", "MaskingClientSession",
     "MaskingOptions", "MaskingServer", "MaskingServerSession", "NeighbourKeys", "SealedShares",
     "SparseClientSession", "SparseServerSession", "Stage", "UnmaskRequest", "UnmaskResponse",
-    "complete_parameters", "graph_seed", "group_parameters", "harary_graph", "masked_from_bytes", "masked_to_bytes",
-    "pair_seed", "self_seed", "sparse_graph_parameters", "sparse_parameters", "upload_from_bytes",
+    "complete_parameters", "graph_seed", "group_parameters", "harary_graph", "harary_neighbours",
+    "masked_from_bytes", "masked_to_bytes", "pair_seed", "self_seed", "sparse_graph_parameters", "sparse_parameters", "upload_from_bytes",
     "upload_to_bytes", "word_dtype",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..base import Outgoing, Party, Reveal, StageGate
 from ..encoding import VectorSpec, decode_sum
@@ -28,15 +28,15 @@ from .keys import (
     SHARE_PLAINTEXT_BYTES,
     SHARE_PURPOSE,
     advert_statement,
-    agree,
+    agree_raw,
     consistency_statement,
-    load_public,
     pair_seed,
     raw_private,
     raw_public,
     seed_commitment,
     self_seed,
     share_associated,
+    verify_registered,
 )
 from .messages import (
     ConsistencyRequest,
@@ -48,13 +48,19 @@ from .messages import (
     UnmaskResponse,
     upload_to_bytes,
 )
-from .parameters import GroupParameters, graph_seed, harary_graph, word_dtype
+from .parameters import GroupParameters, graph_seed, harary_neighbours, word_dtype
 
 __all__ = ["MaskingClient"]
 
 
 class MaskingClient(Party):
-    """One client of one run. Holds its input as mask words, its keys, and the shares it keeps."""
+    """One client of one run. Holds its input as mask words, its keys, and the shares it keeps.
+
+    :attr:`timings` covers all of its work, one label per stage (``advertise_keys``,
+    ``share_keys``, ``open_shares``, ``upload``, ``consistency``, ``unmasking``, ``result``):
+    ``upload`` is the masked vector alone (agreement, expansion, masking, serialisation);
+    opening the shares relayed with the upload request is ``open_shares``.
+    """
 
     def __init__(self, party_id: PartyId, *, protocol: str, run_id: bytes, spec: VectorSpec, reveal: Reveal,
                  words: Words, params: GroupParameters, participants: tuple[PartyId, ...],
@@ -75,7 +81,10 @@ class MaskingClient(Party):
         self.gate = StageGate(run_id, protocol, party_id)
         self._channel: ChannelKey | None = None
         self._mask_key: X25519PrivateKey | None = None
-        self._neighbours: dict[PartyId, tuple[bytes, X25519PublicKey]] = {}
+        self._mask_private: bytes = b""
+        """The raw mask key (shared among the neighbours; agrees the pairwise seeds)."""
+        self._neighbours: dict[PartyId, tuple[bytes, bytes]] = {}
+        """Each neighbour's advertised channel key and mask key (raw)."""
         self._seed: bytes | None = None
         self._own_shares: tuple[int, int] | None = None
         self._held: dict[PartyId, tuple[int, int]] = {}
@@ -94,6 +103,10 @@ class MaskingClient(Party):
 
     def start(self) -> list[Outgoing]:
         """Stage ``advertise_keys``, in reply to ``open``: two fresh public keys."""
+        with self.timed("advertise_keys"):
+            return self._advertise()
+
+    def _advertise(self) -> list[Outgoing]:
         self._channel = ChannelKey()
         self._mask_key = X25519PrivateKey.generate()
         self._seed = secrets.token_bytes(shamir.SECRET_BYTES)
@@ -109,14 +122,18 @@ class MaskingClient(Party):
     def receive(self, env: Envelope) -> list[Outgoing]:
         self.gate.check(env, allowed_senders=[SERVER])
         if env.stage == Stage.SHARE_KEYS:
-            return self._share_keys(env)
+            with self.timed("share_keys"):
+                return self._share_keys(env)
         if env.stage == Stage.UPLOAD:
-            return self._upload(env)
+            return self._upload(env)  # timed as open_shares + upload
         if env.stage == Stage.CONSISTENCY:
-            return self._consistency(env)
+            with self.timed("consistency"):
+                return self._consistency(env)
         if env.stage == Stage.UNMASKING:
-            return self._unmask(env)
-        return self._result(env)
+            with self.timed("unmasking"):
+                return self._unmask(env)
+        with self.timed("result"):
+            return self._result(env)
 
     def _send(self, stage: Stage, payload: bytes, exposure: Exposure) -> Outgoing:
         return Outgoing(Envelope(self.protocol, stage, self.run_id, self.party_id, SERVER, payload), exposure)
@@ -138,24 +155,24 @@ class MaskingClient(Party):
         published = [k for _, advert in keys.entries for k in (advert.channel_key, advert.mask_key)]
         if len(set(published)) != len(published) or own & set(published):
             raise WireError("neighbour keys repeat")
-        neighbours = {pid: (advert.channel_key, load_public(advert.mask_key)) for pid, advert in keys.entries}
-        seed = self._seed
-        with self.timed("share_keys"):
-            holders = sorted([*ids, self.party_id])
-            xs = [pid + 1 for pid in holders]
-            seed_shares = dict(zip(holders, shamir.split(seed, xs, self.params.threshold)))
-            key_shares = dict(zip(holders, shamir.split(raw_private(self._mask_key), xs, self.params.threshold)))
-            sealed = []
-            for pid in ids:
-                plaintext = shamir.share_to_bytes(seed_shares[pid]) + shamir.share_to_bytes(key_shares[pid])
-                associated = share_associated(self.protocol, self.run_id, self.party_id, pid)
-                try:
-                    box = seal(self._channel, neighbours[pid][0], plaintext, associated=associated,
-                               purpose=SHARE_PURPOSE)
-                except ValueError:
-                    raise WireError(f"neighbour {pid}'s channel key is unusable") from None
-                sealed.append((pid, box))
+        neighbours = {pid: (advert.channel_key, advert.mask_key) for pid, advert in keys.entries}
+        seed, mask_private = self._seed, raw_private(self._mask_key)
+        holders = sorted([*ids, self.party_id])
+        xs = [pid + 1 for pid in holders]
+        seed_ys, key_ys = shamir.split_many([seed, mask_private], xs, self.params.threshold)
+        seed_shares, key_shares = dict(zip(holders, seed_ys)), dict(zip(holders, key_ys))
+        sealed = []
+        for pid in ids:
+            plaintext = shamir.share_to_bytes(seed_shares[pid]) + shamir.share_to_bytes(key_shares[pid])
+            associated = share_associated(self.protocol, self.run_id, self.party_id, pid)
+            try:
+                box = seal(self._channel, neighbours[pid][0], plaintext, associated=associated,
+                           purpose=SHARE_PURPOSE)
+            except ValueError:
+                raise WireError(f"neighbour {pid}'s channel key is unusable") from None
+            sealed.append((pid, box))
         self.gate.record(env)
+        self._mask_private = mask_private
         self._neighbours = neighbours
         self._advertised = keys.advertised
         self._own_shares = (seed_shares[self.party_id], key_shares[self.party_id])
@@ -173,17 +190,23 @@ class MaskingClient(Party):
         for pid, advert in keys.entries:
             statement = advert_statement(self.protocol, self.run_id, pid, advert.channel_key, advert.mask_key,
                                          advert.commitment)
-            self.directory.verify(pid, statement, advert.signature, what="advertised keys")
-        graph = harary_graph(keys.advertised, self.params.degree,
-                             seed=graph_seed(self.protocol, self.run_id, keys.advertised))
-        if tuple(pid for pid, _ in keys.entries) != graph[self.party_id]:
+            verify_registered(self.directory, pid, statement, advert.signature, what="advertised keys")
+        row = harary_neighbours(keys.advertised, self.params.degree, self.party_id,
+                                seed=graph_seed(self.protocol, self.run_id, keys.advertised))
+        if tuple(pid for pid, _ in keys.entries) != row:
             raise PolicyError("the neighbours the server named are not this client's in the run's graph")
 
     # upload: open the shares held for others, then mask with exactly the neighbours whose shares
     # opened. A share pair that fails to open is its owner's fault (or the network's): this client
     # names the owner in its upload (the server drops the owner) and goes on without it.
     def _upload(self, env: Envelope) -> list[Outgoing]:
-        assert self._channel is not None and self._mask_key is not None and self._seed is not None
+        with self.timed("open_shares"):
+            held, complaints = self._open_shares(env)
+        with self.timed("upload"):
+            return self._masked_upload(env, held, complaints)
+
+    def _open_shares(self, env: Envelope) -> tuple[dict[PartyId, tuple[int, int]], list[PartyId]]:
+        assert self._channel is not None
         relayed = SealedShares.from_bytes(env.payload, parties=self.participants)
         held: dict[PartyId, tuple[int, int]] = {}
         complaints: list[PartyId] = []
@@ -203,19 +226,22 @@ class MaskingClient(Party):
         if len(held) + 1 < self.params.threshold:
             raise PolicyError(f"only {len(held)} neighbours' shares opened here; the threshold is "
                               f"{self.params.threshold}")
-        assert self._words is not None
-        with self.timed("upload"):
-            add = [self_seed(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)]
-            subtract: list[bytes] = []
-            for owner in held:  # not with an owner whose shares failed to open: the server drops it
-                shared = agree(self._mask_key, self._neighbours[owner][1])
-                seed = pair_seed(shared, protocol=self.protocol, run_id=self.run_id, u=self.party_id, v=owner)
-                (add if self.party_id < owner else subtract).append(seed)
-            words = self._words  # consumed: the masked vector is written over the input
-            MaskExpander(self.spec.length, self.dtype).accumulate(words, add=add, subtract=subtract)
-            if self.spec.slot_bits < 8 * self.dtype.itemsize:
-                np.bitwise_and(words, self.dtype.type((1 << self.spec.slot_bits) - 1), out=words)
-            payload = upload_to_bytes(words, complaints)
+        return held, complaints
+
+    def _masked_upload(self, env: Envelope, held: dict[PartyId, tuple[int, int]],
+                       complaints: list[PartyId]) -> list[Outgoing]:
+        assert self._mask_private and self._seed is not None and self._words is not None
+        add = [self_seed(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)]
+        subtract: list[bytes] = []
+        for owner in held:  # not with an owner whose shares failed to open: the server drops it
+            shared = agree_raw(self._mask_private, self._neighbours[owner][1])
+            seed = pair_seed(shared, protocol=self.protocol, run_id=self.run_id, u=self.party_id, v=owner)
+            (add if self.party_id < owner else subtract).append(seed)
+        words = self._words  # consumed: the masked vector is written over the input
+        MaskExpander(self.spec.length, self.dtype).accumulate(words, add=add, subtract=subtract)
+        if self.spec.slot_bits < 8 * self.dtype.itemsize:
+            np.bitwise_and(words, self.dtype.type((1 << self.spec.slot_bits) - 1), out=words)
+        payload = upload_to_bytes(words, complaints)
         self.gate.record(env)
         self._words = None
         self._held = held
@@ -260,7 +286,7 @@ class MaskingClient(Party):
                 if signature != self._signature:
                     raise AuthenticationError("this client's own consistency signature came back altered")
             else:
-                self.directory.verify(signer, self._statement, signature, what="consistency signature")
+                verify_registered(self.directory, signer, self._statement, signature, what="consistency signature")
             valid += 1
         if valid < self.params.threshold:
             raise PolicyError(f"only {valid} consistency signatures; revealing needs {self.params.threshold}")
@@ -278,6 +304,7 @@ class MaskingClient(Party):
         self.gate.record(env)
         # Nothing secret is needed any more: forget it.
         self._seed, self._own_shares, self._held, self._mask_key = None, None, {}, None
+        self._mask_private = b""
         self._statement = self._signature = b""
         self._answered = request
         self.gate.open = {Stage.RESULT} if self.reveal.clients else set()

@@ -74,7 +74,7 @@ def _read_ids(reader: Reader, allowed: frozenset[PartyId], *, limit: int) -> tup
     count = reader.u32()
     if count > limit:
         raise WireError(f"a list of {count} parties is not possible here")
-    ids = tuple(reader.u32() for _ in range(count))
+    ids: tuple[PartyId, ...] = struct.unpack(f">{count}I", reader.raw(4 * count))
     if any(b <= a for a, b in pairwise(ids)):
         raise WireError("party lists must be strictly increasing")
     if not set(ids) <= allowed:
@@ -142,7 +142,15 @@ class NeighbourKeys:
         count = reader.u32()
         if count >= len(parties):
             raise WireError(f"{count} neighbours is not possible among {len(parties)} participants")
-        entries = tuple((reader.u32(), KeyAdvert.read(reader, signed=signed)) for _ in range(count))
+        # Fixed-size records, sliced out of one bounds-checked block (a client parses ``deg`` of them).
+        size = 4 + 2 * PUBLIC_KEY_BYTES + COMMITMENT_BYTES + (SIGNATURE_BYTES if signed else 0)
+        block = reader.raw(count * size)
+        k1, k2, k3 = 4 + PUBLIC_KEY_BYTES, 4 + 2 * PUBLIC_KEY_BYTES, 4 + 2 * PUBLIC_KEY_BYTES + COMMITMENT_BYTES
+        entries = tuple(
+            (int.from_bytes(block[o : o + 4], "big"),
+             KeyAdvert(block[o + 4 : o + k1], block[o + k1 : o + k2], block[o + k2 : o + k3],
+                       block[o + k3 : o + size] if signed else b""))
+            for o in range(0, count * size, size))
         advertised = _read_ids(reader, parties, limit=len(parties)) if signed else ()
         reader.end()
         ids = [e[0] for e in entries]
@@ -197,7 +205,10 @@ class SealedShares:
         count = reader.u32()
         if count >= len(parties):
             raise WireError(f"{count} sealed shares is not possible among {len(parties)} participants")
-        entries = tuple((reader.u32(), reader.raw(SEALED_SHARE_BYTES)) for _ in range(count))
+        size = 4 + SEALED_SHARE_BYTES
+        block = reader.raw(count * size)
+        entries = tuple((int.from_bytes(block[o : o + 4], "big"), block[o + 4 : o + size])
+                        for o in range(0, count * size, size))
         reader.end()
         ids = [e[0] for e in entries]
         if any(b <= a for a, b in pairwise(ids)) or not set(ids) <= parties:
@@ -233,7 +244,10 @@ class UnmaskRequest:
             count = reader.u32()
             if count > len(parties):
                 raise WireError(f"{count} signatures among {len(parties)} participants")
-            signatures = tuple((reader.u32(), reader.raw(SIGNATURE_BYTES)) for _ in range(count))
+            size = 4 + SIGNATURE_BYTES
+            block = reader.raw(count * size)
+            signatures = tuple((int.from_bytes(block[o : o + 4], "big"), block[o + 4 : o + size])
+                               for o in range(0, count * size, size))
             signers = [signer for signer, _ in signatures]
             if any(b <= a for a, b in pairwise(signers)) or not set(signers) <= parties:
                 raise WireError("signers are unsorted, repeated or outsiders")

@@ -23,7 +23,7 @@ from ..wire import PartyId, Writer
 
 __all__ = [
     "GroupParameters", "MaskingOptions", "active_threshold", "complete_parameters", "graph_seed", "group_parameters",
-    "harary_graph", "resolve_threshold", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
+    "harary_graph", "harary_neighbours", "resolve_threshold", "sparse_graph_parameters", "sparse_parameters", "word_dtype",
 ]
 
 
@@ -344,19 +344,48 @@ def harary_graph(members: Sequence[PartyId], degree: int, *,
     (Fisher-Yates with :mod:`secrets`, or, given ``seed``, with a generator every client can
     rerun), each linked to the ``degree // 2`` nearest on either side. Degree
     ``>= len(members) - 1`` gives the complete graph."""
-    order = sorted(members) if seed is not None else list(members)
-    m = len(order)
+    m = len(members)
     half = degree // 2
-    if degree >= m - 1 or 2 * half >= m - 1:
-        return {u: tuple(v for v in sorted(order) if v != u) for u in order}
-    below = _SeededBelow(seed) if seed is not None else secrets.randbelow
-    for i in range(m - 1, 0, -1):
-        j = below(i + 1)
-        order[i], order[j] = order[j], order[i]
+    if _complete(m, degree):
+        ordered = sorted(members)
+        return {u: tuple(v for v in ordered if v != u) for u in (ordered if seed is not None else members)}
+    order = _ring(members, seed)
     graph: dict[PartyId, tuple[PartyId, ...]] = {}
     for pos, u in enumerate(order):
         graph[u] = tuple(sorted(order[(pos + off) % m] for off in range(-half, half + 1) if off))
     return graph
+
+
+def harary_neighbours(members: Sequence[PartyId], degree: int, party: PartyId, *, seed: bytes) -> tuple[PartyId, ...]:
+    """``harary_graph(members, degree, seed=seed)[party]`` without the other rows: what one
+    client of an active-server run checks its neighbourhood against. ``KeyError`` when
+    ``party`` is not a member."""
+    m = len(members)
+    half = degree // 2
+    if _complete(m, degree):
+        if party not in members:
+            raise KeyError(party)
+        return tuple(v for v in sorted(members) if v != party)
+    order = _ring(members, seed)
+    pos = order.index(party) if party in order else -1
+    if pos < 0:
+        raise KeyError(party)
+    return tuple(sorted(order[(pos + off) % m] for off in range(-half, half + 1) if off))
+
+
+def _complete(m: int, degree: int) -> bool:
+    half = degree // 2
+    return degree >= m - 1 or 2 * half >= m - 1
+
+
+def _ring(members: Sequence[PartyId], seed: bytes | None) -> list[PartyId]:
+    """The members in ring order: a Fisher-Yates shuffle (of the sorted ids when seeded)."""
+    order = sorted(members) if seed is not None else list(members)
+    below = _SeededBelow(seed) if seed is not None else secrets.randbelow
+    for i in range(len(order) - 1, 0, -1):
+        j = below(i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
 
 
 def word_dtype(slot_bits: int) -> np.dtype[Any]:

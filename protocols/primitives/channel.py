@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import AuthenticationError, WireError
+from . import sodium
 
 PUBLIC_KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -30,14 +31,19 @@ class ChannelKey:
     """A party's long-term X25519 key for one protocol run."""
 
     def __init__(self) -> None:
-        self._private = X25519PrivateKey.generate()
+        private = X25519PrivateKey.generate()
+        self._private = private.private_bytes_raw()
         self._aeads: dict[tuple[bytes, bytes], ChaCha20Poly1305] = {}
-        self.public_bytes = self._private.public_key().public_bytes(
+        self.public_bytes = private.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
 
     def shared_secret(self, peer_public: bytes) -> bytes:
-        return self._private.exchange(load_public(peer_public))
+        """X25519 with ``peer_public`` (libsodium: the same bytes as ``X25519PrivateKey.exchange``,
+        cheaper per call); ``ValueError`` for a low-order peer key, as that raises."""
+        if len(peer_public) != PUBLIC_KEY_BYTES:
+            raise WireError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(peer_public)}")
+        return sodium.agree(self._private, bytes(peer_public))
 
     def __repr__(self) -> str:
         return f"ChannelKey(public={self.public_bytes.hex()[:16]}…)"

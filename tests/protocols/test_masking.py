@@ -43,6 +43,7 @@ from protocols.masking import (
     Stage,
     UnmaskRequest,
     harary_graph,
+    harary_neighbours,
     sparse_graph_parameters,
     upload_from_bytes,
     word_dtype,
@@ -791,6 +792,17 @@ def test_harary_graph_is_regular_symmetric_connected_and_random():
         assert all(u in graph[v] for u, neighbours in graph.items() for v in neighbours)
     assert graphs[0] != graphs[1] or graphs[1] != graphs[2]
     assert harary_graph([3, 9, 12], 6) == {3: (9, 12), 9: (3, 12), 12: (3, 9)}
+
+
+def test_one_clients_row_of_the_seeded_graph_is_its_row_of_the_whole_graph():
+    for members, degree in [(list(range(40)), 6), ([40, 3, 17, 8, 21, 5], 2), ([9, 2, 7], 6), (list(range(101)), 100)]:
+        seed = secrets.token_bytes(32)
+        graph = harary_graph(members, degree, seed=seed)
+        assert list(graph) == sorted(graph) or degree < len(members) - 1
+        for u in members:
+            assert harary_neighbours(members, degree, u, seed=seed) == graph[u]
+        with pytest.raises(KeyError):
+            harary_neighbours(members, degree, 1000, seed=seed)
 
 
 def test_sparse_clients_talk_to_few_neighbours():

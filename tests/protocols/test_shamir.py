@@ -56,8 +56,7 @@ def test_field_primality_cross_checked_with_gmpy2():
 
 def test_known_answer_shares(monkeypatch):
     # f(x) = s + (p - 1) x + (2**255 + 12345) x**2 over GF(p), s = 0x0102...20
-    coefficients = iter([2**255 + 12345, PRIME - 1])
-    monkeypatch.setattr(shamir.secrets, "randbelow", lambda bound: next(coefficients))
+    monkeypatch.setattr(shamir, "random_elements", lambda count: [2**255 + 12345, PRIME - 1][:count])
     secret = bytes(range(1, 33))
     ys = split(secret, [1, 2, 3, 7, 2**32 - 1], 3)
     assert ys == [
@@ -249,3 +248,45 @@ def test_checking_every_share_is_cheap():
     for points in sets * 5:
         shamir.recover(points, t, verify=lambda s: True, checker=checker)
     assert time.perf_counter() - start < 1.0
+
+
+def _horner(coefficients, x):
+    acc = 0
+    for a in coefficients:
+        acc = (acc * x + a) % PRIME
+    return acc
+
+
+@pytest.mark.parametrize("xs", [list(range(1, 102)), [1, 2, 3, 7, 2**32 - 1], [PRIME - 1, 2**200 + 7, 5]])
+def test_split_many_is_horners_rule_modulo_p_for_each_secret(monkeypatch, xs):
+    threshold = min(len(xs), 67)
+    draws = [PRIME - 1, 0] + shamir.random_elements(3 * (threshold - 1))  # extremes first
+    monkeypatch.setattr(shamir, "random_elements", lambda count: list(draws[:count]))
+    secrets_ = [bytes(32), b"\xff" * 32, secrets.token_bytes(32)]
+    shares = shamir.split_many(secrets_, xs, threshold)
+    for i, secret in enumerate(secrets_):
+        coefficients = draws[i * (threshold - 1) : (i + 1) * (threshold - 1)] + [int.from_bytes(secret, "big")]
+        assert shares[i] == [_horner(coefficients, x) for x in xs]
+        assert combine(list(zip(xs, shares[i])), threshold) == secret
+
+
+def test_split_many_draws_fresh_polynomials_and_checks_every_secret():
+    xs = list(range(1, 12))
+    a, b = shamir.split_many([bytes(32), bytes(32)], xs, 6)
+    assert a != b  # same secret, independent polynomials
+    assert combine(list(zip(xs, a)), 6) == combine(list(zip(xs, b)), 6) == bytes(32)
+    assert shamir.split_many([], xs, 6) == []
+    with pytest.raises(ValueError):
+        shamir.split_many([bytes(32), bytes(31)], xs, 6)
+    with pytest.raises(ValueError):
+        shamir.split_many([bytes(32)], xs, 12)
+
+
+def test_random_elements_are_field_elements_of_full_width():
+    values = shamir.random_elements(2000)
+    assert len(values) == 2000 and len(set(values)) == 2000
+    assert all(0 <= v < PRIME for v in values)
+    # 257-bit draws below p: the top bit (2**256) is almost never set, bit 255 half the time.
+    high = sum(v >> 255 & 1 for v in values)
+    assert 850 < high < 1150
+    assert shamir.random_elements(0) == []
