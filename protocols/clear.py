@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .base import Outgoing, Party, ServerParty, StageGate
+from .base import Outgoing, Party, Reveal, ServerParty, StageGate
 from .errors import AbortedError, EncodingError, WireError
 from .messages import read_contributors, write_contributors
 from .session import ClientSession, ServerSession, SumRequest
@@ -59,17 +59,19 @@ def _floats(values: npt.NDArray[Any] | None, length: int) -> Floats | None:
 
 class ClearClient(Party):
     def __init__(self, party_id: PartyId, *, run_id: bytes, length: int, values: Floats | None,
-                 clients: tuple[PartyId, ...], summands: int) -> None:
+                 clients: tuple[PartyId, ...], summands: int, reveal: Reveal) -> None:
         super().__init__(party_id)
         self.run_id, self.length, self.values, self.clients, self.summands = run_id, length, values, clients, summands
         self.gate = StageGate(run_id, PROTOCOL, party_id)
-        self.gate.open = {Stage.RESULT}
+        self.gate.open = {Stage.RESULT} if reveal.clients else set()
 
     def start(self) -> list[Outgoing]:
         if self.values is None:
             return []
         with self.timed("upload"):
             payload = _write_floats(Writer(), self.values).finish()
+        self.values = None
+        self.done = not self.gate.open  # nothing comes back: the endpoint may forget the run (and its input)
         env = Envelope(PROTOCOL, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(env, Exposure.clear(self.party_id, self.length))]
 
@@ -141,6 +143,6 @@ class ClearClientSession(ClientSession):
             raise WireError("the clear protocol has no set-up runs")
         spec = request.spec
         return ClearClient(self.party_id, run_id=run_id, length=spec.length, values=_floats(values, spec.length),
-                           clients=self.clients, summands=spec.summands)
+                           clients=self.clients, summands=spec.summands, reveal=request.reveal)
 
 

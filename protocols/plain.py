@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .base import Outgoing, Party, ServerParty, StageGate
+from .base import Outgoing, Party, Reveal, ServerParty, StageGate
 from .encoding import VectorSpec, decode_sum
 from .errors import AbortedError, EncodingError, WireError
 from .messages import EncodedUpload, ReleasedSum
@@ -31,17 +31,19 @@ class Stage(IntEnum):
 
 class PlainClient(Party):
     def __init__(self, party_id: PartyId, *, run_id: bytes, spec: VectorSpec,
-                 encoded: npt.NDArray[np.uint64] | None, clients: tuple[PartyId, ...]) -> None:
+                 encoded: npt.NDArray[np.uint64] | None, clients: tuple[PartyId, ...], reveal: Reveal) -> None:
         super().__init__(party_id)
         self.run_id, self.spec, self.encoded, self.clients = run_id, spec, encoded, clients
         self.gate = StageGate(run_id, PROTOCOL, party_id)
-        self.gate.open = {Stage.RESULT}
+        self.gate.open = {Stage.RESULT} if reveal.clients else set()
 
     def start(self) -> list[Outgoing]:
         if self.encoded is None:
             return []
         with self.timed("upload"):
             payload = EncodedUpload(self.encoded).to_bytes()
+        self.encoded = None
+        self.done = not self.gate.open  # nothing comes back: the endpoint may forget the run (and its input)
         env = Envelope(PROTOCOL, Stage.UPLOAD, self.run_id, self.party_id, SERVER, payload)
         return [Outgoing(env, Exposure.clear(self.party_id, self.spec.length))]
 
@@ -113,4 +115,4 @@ class PlainClientSession(ClientSession):
         if request.kind != "sum" or request.spec is None:
             raise WireError("the plain protocol has no set-up runs")
         return PlainClient(self.party_id, run_id=run_id, spec=request.spec,
-                           encoded=as_encoded(values, request.spec), clients=self.clients)
+                           encoded=as_encoded(values, request.spec), clients=self.clients, reveal=request.reveal)

@@ -253,3 +253,19 @@ def test_server_held_key_is_recorded_as_clear_uploads():
     session.sum(inputs_for(3, 4, 1), spec=VectorSpec(length=4, bound=1, summands=3))
     uploads = [e for e in session.transcript if e.stage == "upload"]
     assert {e.visibility for e in uploads} == {Visibility.CLEAR}
+
+
+@pytest.mark.parametrize("name", ["plain", "clear", "paillier"])
+def test_a_client_forgets_a_run_once_nothing_comes_back(name):
+    """A sum only the server learns sends the uploaders nothing back: each endpoint drops the party
+    (and the input it held) at once. They used to wait for a result that never came, each client
+    keeping its last 32 runs — 32 model-sized updates per client in a long run (7.5 GB at 500
+    clients and a 118k-parameter MLP)."""
+    session = make_sum(name, clients=range(4), **(WEAK if name == "paillier" else {}))
+    session.setup()
+    spec = VectorSpec(length=3, bound=7, summands=4, **({"kind": "float"} if name == "clear" else {}))
+    for round_ in range(3):
+        session.sum(inputs_for(4, 3, 7, seed=round_), spec=spec, round=round_, reveal=Reveal(server=True, clients=False))
+    assert all(not e._live for e in session.endpoints.values())
+    session.sum(inputs_for(4, 3, 7), spec=spec, round=3, reveal=Reveal(server=True, clients=True))
+    assert all(not e._live for e in session.endpoints.values())  # those that learn the sum finish on it
