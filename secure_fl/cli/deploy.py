@@ -154,8 +154,11 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as error:
         log.error("%s", error)
         return 2
+    todo = [run_id for run_id in run_ids if run_id not in done]
+    if not todo:
+        log.info("every run of batch %s is done: nothing to continue, no federation started", args.resume)
     try:
-        outcomes = _deploy(args, experiment, run_ids, store.path, overrides, done=done)
+        outcomes = _deploy(args, experiment, run_ids, store.path, overrides, done=done) if todo else {}
     except KeyboardInterrupt:
         log.error("interrupted; every process was stopped. Continue the stored runs with: %s",
                   resume_hint(args, run_ids[0]))
@@ -183,21 +186,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstored in {store.path}; list runs with: {program()} runs"
               f"{f' --workspace {args.store}' if args.store else ''}")
     if failed:
-        log.error("%d of %d runs did not finish (%s); the reasons are above and in `%s runs`; fix the cause, then "
+        log.error("%d of %d runs did not finish (%s); the reasons are above and in `%s runs%s`; fix the cause, then "
                   "continue with: %s", len(failed), len(summaries),
                   ", ".join(f"{s.id}: {s.error or s.status}" for s in failed), program(),
-                  resume_hint(args, failed[0].id))
+                  f" --workspace {args.store}" if args.store else "", resume_hint(args, failed[0].id))
         return 1
     return 0
 
 
 def resume_hint(args: argparse.Namespace, run_id: str) -> str:
-    """The command that continues this deployment's batch after ``run_id``'s stop."""
+    """The command that continues this deployment's batch after ``run_id``'s stop (shell-quoted, with the
+    same ``--set``s and ``--stage-timeout``)."""
+    from shlex import quote
+
     from secure_fl.cli import program
 
-    return (f"{program()} deploy local {args.config} --nodes {args.nodes}{' --tls' if args.tls else ''}"
-            f" --resume {run_id}{f' --store {args.store}' if args.store else ''}"
-            + "".join(f" --set {key}={value}" for key, value in args.set))
+    return (f"{program()} deploy local {quote(str(args.config))} --nodes {args.nodes}{' --tls' if args.tls else ''}"
+            f" --resume {run_id}{f' --store {quote(str(args.store))}' if args.store else ''}"
+            + "".join(f" --set {quote(f'{key}={value}')}" for key, value in args.set)
+            + (f" --stage-timeout {timeout:g}" if (timeout := getattr(args, "stage_timeout", None)) else ""))
 
 
 def _deploy(args: argparse.Namespace, experiment: Any, run_ids: list[str], store_path: Path,
@@ -234,8 +241,9 @@ def _deploy(args: argparse.Namespace, experiment: Any, run_ids: list[str], store
                 }, events=events, kills=args.kill, timeout=_run_timeout(config, timeout))
                 outcomes[run_id] = outcome
                 if not outcome.ok:
-                    log.error("run %s: Flower reports %s; the ServerApp's last line: %s", run_id, outcome.status,
-                              _last_line(outcome.log))
+                    log.error("run %s: Flower reports %s; the ServerApp's last line: %s%s", run_id, outcome.status,
+                              _server_reason(outcome.log),
+                              f" (log: {outcome.log_path})" if outcome.log_path is not None else "")
     except Terminated as signal_name:
         log.error("stopped by %s; every process was stopped", signal_name)
         raise KeyboardInterrupt from None
@@ -257,6 +265,18 @@ def _last_line(text: str) -> str:
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     return lines[-1] if lines else "(no output)"
+
+
+def _server_reason(text: str) -> str:
+    """The ServerApp's last line before Flower's exit footer (``Exit Code: 201``, its help line,
+    ``For more information, visit: <...>``): the exception that stopped it, not the footer's link."""
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
+    footer = next((i for i in range(len(lines) - 1, -1, -1) if re.match(r"(?:\w+\s*:\s*)?Exit Code: \d+", lines[i])),
+                  None)
+    body = [line for line in (lines if footer is None else lines[:footer]) if line]
+    return body[-1] if body else _last_line(text)
 
 
 def _run_json(summary: Any, outcome: Any, fields: dict[str, Any]) -> dict[str, Any]:

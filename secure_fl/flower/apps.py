@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Context, Message
@@ -62,6 +62,9 @@ from .wire import (
     write_register_reply,
     write_reply,
 )
+
+if TYPE_CHECKING:
+    from .network import FlowerNetwork
 
 __all__ = ["NodeSettings", "ServerSettings", "client_app", "exchange", "hello", "node_app", "register", "serve",
            "server_app"]
@@ -146,8 +149,8 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
     import torch
 
     from secure_fl.runtime import execute_run
-    from secure_fl.runtime.runner import describe_run
-    from secure_fl.store import RunStore
+    from secure_fl.runtime.runner import describe_error, describe_run
+    from secure_fl.store import RunStore, StoreError
 
     from .network import FlowerNetwork
     from .server import FlowerServer
@@ -167,9 +170,12 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
         network = FlowerNetwork.connect(grid, config=json.dumps(run.to_dict(), sort_keys=True),
                                         parties=run.data.num_clients, stage_timeout=timeout, on_event=events,
                                         stop=stop, wait=max(timeout, HELLO_TIMEOUT), run_id=run_id, resume=resume)
+        networks.append(network)
         if on_connected is not None:
             on_connected()
         return FlowerServer(run, network=network, device=dev, dataset=dataset, resumed=resume)
+
+    networks: list[FlowerNetwork] = []
 
     run_id = ""
     with RunStore(settings.store_path) as store:
@@ -183,8 +189,43 @@ def serve(grid: Grid, settings: ServerSettings, *, config: RunConfig | None = No
             if stored != config.to_dict():
                 raise ConfigError(f"run {run_id} in {settings.store_path} is not run {settings.run_index} "
                                   f"of {settings.config_path}")
-        execute_run(store, run_id, config, device=device, dataset=dataset, observer=observer, harness=harness)
+        try:
+            execute_run(store, run_id, config, device=device, dataset=dataset, observer=observer, harness=harness)
+        except SystemExit as exiting:
+            # Flower's ServerApp process answers SIGTERM, SIGINT and SIGQUIT (a deployment's teardown,
+            # `flwr stop`, Ctrl-C) with SystemExit (flwr_exit): the run was stopped, it did not fail
+            try:
+                store.set_status(run_id, "failed", error=_stopped_reason(exiting))
+            except StoreError:  # the store itself failed: the stop says more
+                pass
+            raise
+        except Exception as error:
+            # nodes that could not join (on a resume: could not restore their stored state) are why a
+            # round falls below a threshold: their reasons belong in the run's error, not only in a log
+            refused = _refused(networks[-1]) if networks else ""
+            if refused:
+                try:
+                    store.set_status(run_id, "failed", error=f"{describe_error(error)}; {refused}")
+                except StoreError:
+                    pass
+            raise
     return run_id
+
+
+def _refused(network: FlowerNetwork) -> str:
+    """The clients counted out at the hello, with their reasons ("" when none was)."""
+    lost = [d for d in network.dropouts if d.stage == "hello"]
+    if not lost:
+        return ""
+    return (f"{len(lost)} of {len(network.nodes)} clients could not join: "
+            + "; ".join(d.reason if d.reason.startswith(f"client {d.party}") else f"client {d.party}: {d.reason}"
+                        for d in lost))
+
+
+def _stopped_reason(stop: SystemExit) -> str:
+    """The stored reason of a run whose ServerApp process was told to exit (not "SystemExit: 0")."""
+    return (f"interrupted: the ServerApp process was stopped (exit code {stop.code}: Flower's exit on "
+            "SIGTERM, SIGINT or SIGQUIT); its stored rounds stay, --resume continues it")
 
 
 server_app = ServerApp()

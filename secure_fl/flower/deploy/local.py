@@ -7,7 +7,8 @@ loopback port, with TLS registers each node's public key (``flwr supernode regis
 key) and waits until all N are online. :meth:`LocalFederation.run` submits one Flower run
 (``flwr run``) and waits for it, firing ``--kill`` specs from the ServerApp's events. Leaving the
 block — normally, on an error, Ctrl-C, SIGTERM or SIGHUP — stops every process by PID (see
-:mod:`.processes`) and removes the work directory (kept on failure, for its logs).
+:mod:`.processes`) and removes the work directory (kept, for its logs, when the federation failed or a
+run did not complete).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class FlowerRun:
     """Per round: wall, round trips, waiting on polling and its share, per stage (see timing)."""
     log: str
     """The tail of the ServerApp's log (Flower's log stream), for failures."""
+    log_path: Path | None = None
+    """That whole log (kept with the work directory when the run did not complete)."""
 
     @property
     def ok(self) -> bool:
@@ -354,14 +357,17 @@ class LocalFederation:
                     spans += node_spans(child.node, handle.read().decode(errors="replace"))
         traffic = info.get("network-traffic", {})
         event_list = read_events(events)
+        status = str(info.get("status", "unknown"))
+        if status != "finished:completed":
+            self._failed = True  # keep the work directory: its logs say why
         return FlowerRun(
-            run_id=run_id, status=str(info.get("status", "unknown")), seconds=time.time() - started,
+            run_id=run_id, status=status, seconds=time.time() - started,
             flower_bytes={k.removesuffix("-bytes"): int(v) for k, v in traffic.items()},
             kills=[{"node": f.spec.node, "round": f.spec.round, "stage": f.spec.stage, "time": f.time,
                     "pids": f.pids} for f in watcher.fired]
                   + [{"node": s.node, "round": s.round, "stage": s.stage, "time": None, "pids": []}
                      for s in watcher.pending],
-            rounds=round_timings(event_list, spans), log=_tail(stream_log, 4000))
+            rounds=round_timings(event_list, spans), log=_tail(stream_log, 4000), log_path=stream_log)
 
     def _run_info(self, run_id: str) -> dict[str, Any]:
         done = subprocess.run([str(self.flwr), "ls", CONNECTION, "--run-id", run_id, "--format", "json"],

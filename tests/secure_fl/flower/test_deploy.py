@@ -388,6 +388,52 @@ def test_the_resume_hint_is_a_deploy_command_and_a_bad_resume_one_line(tmp_path:
     args = argparse.Namespace(config="c.toml", nodes=3, tls=True, store="ws", set=[("train.rounds", "2")])
     assert resume_hint(args, "abc").endswith(
         "deploy local c.toml --nodes 3 --tls --resume abc --store ws --set train.rounds=2")
+    # the same stage timeout, and quoted for the shell it is pasted into
+    args = argparse.Namespace(config="my runs/c.toml", nodes=3, tls=False, store="ws", stage_timeout=240.0,
+                              set=[("data.root", "/data/my set")])
+    assert resume_hint(args, "abc").endswith(
+        "deploy local 'my runs/c.toml' --nodes 3 --resume abc --store ws --set 'data.root=/data/my set'"
+        " --stage-timeout 240")
     assert main(["deploy", "local", str(SMOKE), "--nodes", "5", "--resume", "nope", "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope" in err[0]
+
+
+def test_resuming_a_done_batch_starts_no_federation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`--resume` of a batch whose runs are all done reports them and starts no SuperLink or SuperNode."""
+    from secure_fl.config import load_config
+    from secure_fl.runtime.runner import describe_run
+    from secure_fl.store import RunStore
+
+    experiment = load_config(SMOKE, overrides=[("runtime.engine", "flower")])
+    with RunStore.open_workspace(str(tmp_path)) as store:
+        _, [run_id] = store.create_batch(name=experiment.name, source=str(SMOKE),
+                                         runs=[describe_run(c) for c in experiment.runs])
+        store.set_status(run_id, "done")
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a federation was started for a batch with nothing to run")
+
+    monkeypatch.setattr(local_module, "LocalFederation", refuse)
+    assert main(["deploy", "local", str(SMOKE), "--nodes", "5", "--resume", run_id, "--store", str(tmp_path),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["runs"]] == [run_id] and out["runs"][0]["status"] == "done"
+
+
+def test_a_failed_runs_reason_is_the_serverapps_error_not_flowers_exit_footer() -> None:
+    from secure_fl.cli.deploy import _server_reason
+
+    log = ("INFO :      Starting logstream for run_id `123`\n"
+           "\x1b[91mERROR \x1b[0m:     ServerApp raised an exception\n"
+           "Traceback (most recent call last):\n"
+           '  File "x.py", line 1, in <module>\n'
+           "protocols.errors.ThresholdError: clients that advertised keys: 1 < threshold 2\n"
+           "\x1b[91mERROR \x1b[0m:     Exit Code: 201\n"
+           "An unhandled exception occurred in the ServerApp.\n"
+           "\n"
+           "For more information, visit: <https://flower.ai/docs/framework/1.41/en/ref-exit-codes/201.html>\n")
+    assert _server_reason(log) == "protocols.errors.ThresholdError: clients that advertised keys: 1 < threshold 2"
+    assert _server_reason("just one line\n") == "just one line"
+    assert _server_reason("") == "(no output)"

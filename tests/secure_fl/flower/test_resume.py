@@ -126,6 +126,40 @@ def test_a_resumed_run_gives_the_uninterrupted_metrics(
         assert len(list((nodes / f"client-{client}" / run_id).iterdir())) == KEEP
 
 
+class _StopAfterFirstRound:
+    """What Flower's ServerApp process does on SIGTERM/SIGINT (a deployment's teardown, Ctrl-C):
+    ``flwr_exit`` raises SystemExit(0) in the main thread — here once round 0 is stored."""
+
+    def run_started(self, run: Any, **_: Any) -> None: ...
+
+    def client_finished(self, run: Any, round: int, done: int, total: int) -> None: ...
+
+    def round_finished(self, run: Any, row: Any) -> None:
+        raise SystemExit(0)
+
+    def run_finished(self, run: Any, summary: Any) -> None: ...
+
+
+def test_a_serverapp_stopped_by_flower_is_interrupted_and_resumes(
+        interrupted: tuple[Path, str, list[tuple[Any, ...]]], config: RunConfig, dataset: Dataset,
+        tmp_path: Path) -> None:
+    """deploy local's Ctrl-C tears the federation down: the ServerApp gets SIGTERM, which Flower turns
+    into SystemExit. The run is marked "interrupted" (not "SystemExit: 0") and resumes on fresh nodes."""
+    _, _, want = interrupted
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        _, [run_id] = store.create_batch(name="stopped", source="test", runs=[describe_run(config)])
+        settings = ServerSettings(store_path=str(store.path), run_id=run_id, stage_timeout=0.5)
+        with pytest.raises(SystemExit):
+            serve(FakeGrid(4, state_root=tmp_path / "nodes"), settings, config=config, dataset=dataset,
+                  observer=_StopAfterFirstRound())
+        run = store.run(run_id)
+        assert run.status == "failed" and run.rounds_done == 1
+        assert run.error and run.error.startswith("interrupted") and "SystemExit" not in run.error
+        _play(FakeGrid(4, state_root=tmp_path / "nodes"), store, run_id, config, dataset)
+        assert store.run(run_id).status == "done"
+        assert _history(store, run_id) == want
+
+
 def test_a_node_that_cannot_restore_is_a_dropout_with_its_reason(
         interrupted: tuple[Path, str, list[tuple[Any, ...]]], config: RunConfig, tmp_path: Path) -> None:
     root, run_id, _ = interrupted
@@ -156,6 +190,24 @@ def test_a_node_that_cannot_restore_is_a_dropout_with_its_reason(
     network = FlowerNetwork.connect(bare, config=json.dumps(config.to_dict()), parties=4, stage_timeout=1.0,
                                     clock=bare.clock, sleep=bare.clock.sleep, run_id=run_id, resume=0)
     assert network.gone == {0, 1, 2, 3} and "keeps no state" in network.dropouts[0].reason
+
+
+def test_a_resume_without_the_nodes_state_fails_with_their_reasons(
+        interrupted: tuple[Path, str, list[tuple[Any, ...]]], config: RunConfig, dataset: Dataset,
+        tmp_path: Path) -> None:
+    """Resumed against another store's node directories (deploy local --store elsewhere): no node
+    starts afresh; the round aborts (no client left) and the run's error says why, per client."""
+    root, run_id, _ = interrupted
+    import shutil
+
+    shutil.copy(root / "runs.sqlite", tmp_path / "runs.sqlite")
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        with pytest.raises(AbortedError):
+            _play(FakeGrid(4, state_root=tmp_path / "elsewhere"), store, run_id, config, dataset)
+        run = store.run(run_id)
+        assert run.status == "failed" and run.rounds_done == 1 and run.error
+        assert run.error.startswith("no client uploaded; 4 of 4 clients could not join: ")
+        assert all(f"client {c}: no stored state of run {run_id}" in run.error for c in range(4))
 
 
 def test_the_node_store_is_atomic_bounded_and_strict(tmp_path: Path) -> None:
