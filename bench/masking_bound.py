@@ -185,6 +185,7 @@ class _Timed:
                  active: bool) -> None:
         self.modules = modules
         self.spent: dict[int, float] = {}
+        self.by_stage: dict[str, dict[int, float]] = {}
         self.timings: dict[int, float] = {}
         with using(modules) as package:
             self.client_class = modules["protocols.masking.client"].MaskingClient
@@ -195,7 +196,7 @@ class _Timed:
     @contextmanager
     def _timing(self) -> Iterator[None]:
         originals = {name: self.client_class.__dict__[name] for name in ("start", "receive")}
-        spent, timings = self.spent, self.timings
+        spent, timings, by_stage = self.spent, self.timings, self.by_stage
 
         def timed(method: Any) -> Any:
             def call(party: Any, *args: Any) -> Any:
@@ -203,8 +204,12 @@ class _Timed:
                 try:
                     return method(party, *args)
                 finally:
-                    spent[party.party_id] = spent.get(party.party_id, 0.0) + time.perf_counter() - t0
-                    timings[party.party_id] = sum(party.timings.values())
+                    seconds = time.perf_counter() - t0
+                    pid = party.party_id
+                    spent[pid] = spent.get(pid, 0.0) + seconds
+                    stage = by_stage.setdefault(f"stage {args[0].stage}" if args else "start", {})
+                    stage[pid] = stage.get(pid, 0.0) + seconds
+                    timings[pid] = sum(party.timings.values())
             return call
 
         for name, method in originals.items():
@@ -242,6 +247,8 @@ def active_work(clients: int = 101, length: int = 1_000_000, *, repeats: int = 3
     packages = {"baseline_default": old, "active": ours, **({"default": ours} if reference else {})}
     runs: dict[str, list[float]] = {kind: [] for kind in packages}
     stages: dict[str, list[float]] = {kind: [] for kind in packages}
+    per_stage: dict[str, dict[str, list[float]]] = {kind: {} for kind in packages}
+    paired: list[float] = []
     for _ in range(repeats):
         timed = {kind: _Timed(packages[kind], harnesses[kind], clients, length, active=kind == "active")
                  for kind in packages}
@@ -254,6 +261,10 @@ def active_work(clients: int = 101, length: int = 1_000_000, *, repeats: int = 3
                 raise RuntimeError(f"{kind}: {len(t.spent)} of {clients} clients took part")
             runs[kind].append(statistics.median(t.spent.values()))
             stages[kind].append(statistics.median(t.timings.values()))
+            for stage, spent in t.by_stage.items():
+                per_stage[kind].setdefault(stage, []).append(statistics.median(spent.values()))
+        paired.extend(timed["active"].spent[pid] / timed["baseline_default"].spent[pid]
+                      for pid in timed["active"].spent)
         del timed
     peer = statistics.median(runs["baseline_default"])
     active = statistics.median(runs["active"])
@@ -271,6 +282,11 @@ def active_work(clients: int = 101, length: int = 1_000_000, *, repeats: int = 3
             "interleaved": "the runs stepped alternately, one event each",
             "runs_seconds": runs,
             "ratio_of_minima": min(runs["active"]) / min(runs["baseline_default"]),
+            "paired_ratio_median": statistics.median(paired),
+            "paired_is": "each client's active work over the same client id's baseline work in the same "
+                         "(interleaved) repeat",
+            "stage_medians_seconds": {kind: {stage: statistics.median(v) for stage, v in sorted(stages_.items())}
+                                      for kind, stages_ in per_stage.items()},
             **({"default_vs_baseline": statistics.median(runs["default"]) / peer} if reference else {}),
             "party_timings_sum": {kind: statistics.median(v) for kind, v in stages.items()},
             "load_average": os.getloadavg(),
