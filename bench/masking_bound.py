@@ -20,10 +20,12 @@ tree at ``--baseline`` (a git commit), interleaved run by run in this process.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,6 +139,7 @@ def package_at(commit: str, root: Path = ROOT) -> dict[str, ModuleType]:
     """The ``protocols`` package as it was at ``commit`` (``git archive``), imported into its own
     set of modules (this process's ``protocols`` stays as it is; see :func:`using`)."""
     target = Path(tempfile.mkdtemp(prefix="masking-baseline-"))
+    atexit.register(shutil.rmtree, target, ignore_errors=True)  # kept till then: lazy imports read it
     archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit, "protocols"],
                              check=True, capture_output=True).stdout
     with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
