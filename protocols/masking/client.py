@@ -308,6 +308,7 @@ class MaskingClient(Party):
         self._statement = self._signature = b""
         self._answered = request
         self.gate.open = {Stage.RESULT} if self.reveal.clients else set()
+        self.done = not self.gate.open  # a sum only the server learns: nothing comes back, forget the run
         return [self._send(Stage.UNMASKING, UnmaskResponse(b_shares, s_shares).to_bytes(), Exposure.public())]
 
     def check_request(self, request: UnmaskRequest) -> None:

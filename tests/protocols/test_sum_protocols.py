@@ -255,7 +255,7 @@ def test_server_held_key_is_recorded_as_clear_uploads():
     assert {e.visibility for e in uploads} == {Visibility.CLEAR}
 
 
-@pytest.mark.parametrize("name", ["plain", "clear", "paillier"])
+@pytest.mark.parametrize("name", ["plain", "clear", "paillier", "masking", "secagg+"])
 def test_a_client_forgets_a_run_once_nothing_comes_back(name):
     """A sum only the server learns sends the uploaders nothing back: each endpoint drops the party
     (and the input it held) at once. They used to wait for a result that never came, each client
