@@ -66,7 +66,7 @@ class Exposure:
         return cls(Visibility.PUBLIC, 0, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TranscriptEntry:
     round: int
     protocol: str
@@ -94,9 +94,27 @@ class Transcript:
     """An append-only log of entries with the totals people ask for."""
 
     entries: list[TranscriptEntry] = field(default_factory=list)
+    _rounds: dict[int, dict[tuple[str, str], int]] = field(default_factory=dict, init=False, repr=False,
+                                                           compare=False)
+    """Bytes per round by (statistic, stage), kept as entries arrive: a long run asks for each
+    round's totals without scanning every entry of the run so far (which made round time grow)."""
+
+    def __post_init__(self) -> None:
+        for entry in self.entries:
+            self._count(entry)
+
+    def _count(self, entry: TranscriptEntry) -> None:
+        totals = self._rounds.setdefault(entry.round, {})
+        key = (entry.statistic, entry.stage)
+        totals[key] = totals.get(key, 0) + entry.bytes
 
     def append(self, entry: TranscriptEntry) -> None:
         self.entries.append(entry)
+        self._count(entry)
+
+    def round_bytes(self, round: int) -> dict[tuple[str, str], int]:
+        """One round's bytes by (statistic, stage) — only entries added through this class count."""
+        return dict(self._rounds.get(round, {}))
 
     def __iter__(self) -> Iterator[TranscriptEntry]:
         return iter(self.entries)
@@ -130,4 +148,5 @@ class Transcript:
         return json.dumps([e.as_dict() for e in self.entries])
 
     def extend(self, other: Transcript) -> None:
-        self.entries.extend(other.entries)
+        for entry in other.entries:
+            self.append(entry)

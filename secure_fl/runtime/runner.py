@@ -367,10 +367,8 @@ def _embedded(config: RunConfig, device: torch.device, dataset: Dataset) -> Any:
 def _stage_bytes(sim: Any, round: int) -> dict[str, dict[str, int]]:
     """The round's transcript bytes by statistic, then protocol stage."""
     out: dict[str, dict[str, int]] = {}
-    for entry in sim.transcript.entries:
-        if entry.round == round:
-            stages = out.setdefault(entry.statistic, {})
-            stages[entry.stage] = stages.get(entry.stage, 0) + entry.bytes
+    for (statistic, stage), count in sorted(sim.transcript.round_bytes(round).items()):
+        out.setdefault(statistic, {})[stage] = count
     return out
 
 

@@ -239,9 +239,12 @@ class StatsCoordinator:
     def bytes_by_statistic(self, round: int | None = None) -> dict[str, int]:
         """Transcript bytes per statistic name, for one round or the whole run so far."""
         totals: dict[str, int] = defaultdict(int)
+        if round is not None:
+            for (statistic, _), count in self.transcript.round_bytes(round).items():
+                totals[statistic] += count
+            return dict(totals)
         for entry in self.transcript.entries:
-            if round is None or entry.round == round:
-                totals[entry.statistic] += entry.bytes
+            totals[entry.statistic] += entry.bytes
         return dict(totals)
 
     def state(self) -> dict[str, Any]:
