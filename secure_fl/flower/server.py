@@ -32,7 +32,7 @@ from secure_fl.algorithms.base import check_round_metrics
 from secure_fl.config import RunConfig
 from secure_fl.data import Dataset
 from secure_fl.losses import make_loss
-from secure_fl.privacy import RUN, composition_delta, formal_guarantees
+from secure_fl.privacy import RUN, formal_guarantees
 from secure_fl.runtime.build import held_out, initial_model, local_training, prepare_partition, statistics_plan
 from secure_fl.runtime.messages import run_digest
 from secure_fl.runtime.mitigation import mitigated_selection, run_privacy
@@ -194,10 +194,7 @@ class FlowerServer:
             delta = noisy.config.delta if noisy is not None else self.privacy_delta
             g = ledger.guarantee(delta, statistic=name)
             out[name] = RoundPrivacy(epsilon=g.epsilon, delta=g.delta, releases=g.releases)
-        released = ledger.statistics()
-        delta = composition_delta((noisy.config.delta for name, noisy in sorted(self.stats.noisy.items())
-                                   if name in released), fallback=self.privacy_delta)
-        total = formal_guarantees(ledger, delta=delta).get(RUN)
+        total = formal_guarantees(ledger, delta=self.stats.run_delta(fallback=self.privacy_delta)).get(RUN)
         if total is not None:
             out[RUN] = RoundPrivacy(epsilon=total.epsilon, delta=total.delta, releases=total.releases)
         return out

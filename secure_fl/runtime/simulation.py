@@ -41,7 +41,7 @@ from protocols import SERVER, Directory, Identity, LocalNetwork, Transcript
 from secure_fl.algorithms import ClientData, HeldOut, LocalTrainer, LocalTraining, Method, RunInfo
 from secure_fl.algorithms.base import SIMULATOR_TELEMETRY_PREFIX, check_round_metrics
 from secure_fl.losses import Loss
-from secure_fl.privacy import MODEL, RUN, composition_delta, formal_guarantees
+from secure_fl.privacy import MODEL, RUN, formal_guarantees
 from secure_fl.runtime.node import ClientNode
 from secure_fl.runtime.pool import ClientPool
 from secure_fl.runtime.rng import Seeds
@@ -314,12 +314,9 @@ class Simulation:
         return out
 
     def run_delta(self) -> float:
-        """The δ of the run's one ε (:func:`~secure_fl.privacy.composition_delta` over the noised
-        statistics released so far; :attr:`privacy_delta` when none is)."""
-        ledger = self.stats.ledger
-        released = ledger.statistics() if ledger is not None else ()
-        return composition_delta((noisy.config.delta for name, noisy in sorted(self.stats.noisy.items())
-                                  if name in released), fallback=self.privacy_delta)
+        """The δ of the run's one ε (:meth:`StatsCoordinator.run_delta`; :attr:`privacy_delta`
+        when no statistic is noised)."""
+        return self.stats.run_delta(fallback=self.privacy_delta)
 
     def privacy_guarantees(self, delta: float | None = None) -> dict[str, Any]:
         """The audit's view: ``formal_guarantees`` of the ledger and the DP-SGD states so far."""

@@ -234,6 +234,15 @@ class StatsCoordinator:
         """The calibration of each noised statistic requested so far."""
         return dict(self._accounting)
 
+    def run_delta(self, *, fallback: float) -> float:
+        """The δ of the run's one ε: :func:`~secure_fl.privacy.composition_delta` over the noised
+        statistics released so far (``fallback`` when none is) — every engine reports at this δ."""
+        from secure_fl.privacy import composition_delta
+
+        released = self.ledger.statistics() if self.ledger is not None else ()
+        return composition_delta((noisy.config.delta for name, noisy in sorted(self._accounting.items())
+                                  if name in released), fallback=fallback)
+
     # --- accounting of bytes and checkpoints ---------------------------------------------------
 
     def bytes_by_statistic(self, round: int | None = None) -> dict[str, int]:
