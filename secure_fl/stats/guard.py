@@ -253,21 +253,19 @@ class ReleaseChecker:
         raise PolicyError(reason)
 
     def state(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: {str(r): list(p) for r, p in rounds.items()}
-                               for name, rounds in self.history.items()}
-        if self.public or self.summed or self.distrust:  # older snapshots hold the history alone
-            out = {"joined": out,
-                   "public": {name: {str(r): list(p) for r, p in rounds.items()} for name, rounds in self.public.items()},
-                   "summed": {name: sorted(rounds) for name, rounds in self.summed.items()},
-                   "distrust": dict(self.distrust)}
-        return out
+        def table(rounds_by_name: Mapping[str, Mapping[int, tuple[int, ...]]]) -> dict[str, Any]:
+            return {name: {str(r): list(p) for r, p in rounds.items()} for name, rounds in rounds_by_name.items()}
+
+        return {"joined": table(self.history), "public": table(self.public),
+                "summed": {name: sorted(rounds) for name, rounds in self.summed.items()},
+                "distrust": dict(self.distrust)}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         def table(rounds_by_name: Mapping[str, Any]) -> dict[str, dict[int, tuple[int, ...]]]:
             return {str(name): {int(r): tuple(int(c) for c in p) for r, p in rounds.items()}
                     for name, rounds in rounds_by_name.items()}
 
-        if "joined" in state:
+        if "joined" in state:  # older snapshots hold the joined history alone, by statistic name
             history, public = table(state["joined"]), table(state["public"])
             summed = {str(name): {int(r) for r in rounds} for name, rounds in state["summed"].items()}
             distrust = {str(name): str(reason) for name, reason in state["distrust"].items()}
