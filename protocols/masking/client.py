@@ -36,7 +36,6 @@ from .keys import (
     seed_commitment,
     self_seed,
     share_associated,
-    verify_registered,
 )
 from .messages import (
     ConsistencyRequest,
@@ -190,7 +189,7 @@ class MaskingClient(Party):
         for pid, advert in keys.entries:
             statement = advert_statement(self.protocol, self.run_id, pid, advert.channel_key, advert.mask_key,
                                          advert.commitment)
-            verify_registered(self.directory, pid, statement, advert.signature, what="advertised keys")
+            self.directory.verify(pid, statement, advert.signature, what="advertised keys")
         row = harary_neighbours(keys.advertised, self.params.degree, self.party_id,
                                 seed=graph_seed(self.protocol, self.run_id, keys.advertised))
         if tuple(pid for pid, _ in keys.entries) != row:
@@ -286,7 +285,7 @@ class MaskingClient(Party):
                 if signature != self._signature:
                     raise AuthenticationError("this client's own consistency signature came back altered")
             else:
-                verify_registered(self.directory, signer, self._statement, signature, what="consistency signature")
+                self.directory.verify(signer, self._statement, signature, what="consistency signature")
             valid += 1
         if valid < self.params.threshold:
             raise PolicyError(f"only {valid} consistency signatures; revealing needs {self.params.threshold}")

@@ -14,12 +14,11 @@ from typing import Final
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from ..errors import AuthenticationError, WireError
-from ..identity import SIGNATURE_BYTES, Directory
+from ..errors import WireError
 from ..primitives import shamir, sodium
 from ..primitives.channel import NONCE_BYTES, PUBLIC_KEY_BYTES, hkdf
 from ..primitives.prg import SEED_BYTES
-from ..wire import PROTOCOL_CODES, PartyId, party_name
+from ..wire import PROTOCOL_CODES, PartyId
 
 __all__ = [
     "COMMITMENT_BYTES",
@@ -39,7 +38,6 @@ __all__ = [
     "seed_commitment",
     "self_seed",
     "share_associated",
-    "verify_registered",
 ]
 
 SHARE_PLAINTEXT_BYTES: Final = 2 * shamir.SHARE_BYTES
@@ -88,20 +86,6 @@ def agree_raw(private: bytes, public: bytes) -> bytes:
         return sodium.agree(private, public)
     except ValueError:
         raise WireError("key agreement with a peer's key failed") from None
-
-
-def verify_registered(directory: Directory, party: PartyId, message: bytes, signature: bytes, *,
-                      what: str) -> None:
-    """:meth:`Directory.verify <protocols.identity.Directory.verify>` with libsodium's Ed25519
-    (same errors, naming ``party``): the masking client checks up to ``deg + t - 1`` signatures
-    per run, the server two per client."""
-    key = directory.get(party)
-    if key is None:
-        raise AuthenticationError(f"{party_name(party)} has no registered key: its {what} cannot be verified")
-    if len(signature) != SIGNATURE_BYTES:
-        raise AuthenticationError(f"{party_name(party)}'s {what} carries no valid signature")
-    if not sodium.verify(key, message, signature):
-        raise AuthenticationError(f"{party_name(party)}'s {what} failed to verify")
 
 
 def _u32(value: int) -> bytes:

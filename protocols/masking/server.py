@@ -33,7 +33,6 @@ from .keys import (
     pair_seed,
     raw_public,
     self_seed,
-    verify_registered,
 )
 from .messages import (
     ConsistencyRequest,
@@ -100,7 +99,7 @@ class MaskingServer(ServerParty):
             check_public(advert.channel_key)
             check_public(advert.mask_key)
             if self.params.active and self.directory is not None:
-                verify_registered(self.directory, env.sender, advert_statement(
+                self.directory.verify(env.sender, advert_statement(
                     self.protocol, self.run_id, env.sender, advert.channel_key, advert.mask_key, advert.commitment),
                     advert.signature, what="advertised keys")
             if advert.channel_key == advert.mask_key or {advert.channel_key, advert.mask_key} & self._seen_keys:
@@ -129,7 +128,7 @@ class MaskingServer(ServerParty):
             self.gate.check(env, allowed_senders=self.contributors)
             signature = read_signature(env.payload)
             if self.directory is not None:
-                verify_registered(self.directory, env.sender, self._statement(env.sender), signature,
+                self.directory.verify(env.sender, self._statement(env.sender), signature,
                                   what="consistency signature")
             self.gate.record(env)
             self.signatures[env.sender] = signature
