@@ -28,7 +28,7 @@ from .keys import (
     SHARE_PLAINTEXT_BYTES,
     SHARE_PURPOSE,
     advert_statement,
-    agree_raw,
+    agree,
     consistency_statement,
     pair_seed,
     raw_private,
@@ -233,7 +233,7 @@ class MaskingClient(Party):
         add = [self_seed(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)]
         subtract: list[bytes] = []
         for owner in held:  # not with an owner whose shares failed to open: the server drops it
-            shared = agree_raw(self._mask_private, self._neighbours[owner][1])
+            shared = agree(self._mask_private, self._neighbours[owner][1])
             seed = pair_seed(shared, protocol=self.protocol, run_id=self.run_id, u=self.party_id, v=owner)
             (add if self.party_id < owner else subtract).append(seed)
         words = self._words  # consumed: the masked vector is written over the input

@@ -27,7 +27,6 @@ __all__ = [
     "SHARE_PURPOSE",
     "advert_statement",
     "agree",
-    "agree_raw",
     "check_public",
     "consistency_statement",
     "load_public",
@@ -70,16 +69,10 @@ def check_public(data: bytes) -> None:
         raise WireError("not a usable X25519 public key") from None
 
 
-def agree(private: X25519PrivateKey, public: X25519PublicKey) -> bytes:
-    """X25519 with a peer's key; a key that agrees nothing (low order) is the peer's fault."""
-    try:
-        return private.exchange(public)
-    except ValueError:
-        raise WireError("key agreement with a peer's key failed") from None
-
-
-def agree_raw(private: bytes, public: bytes) -> bytes:
-    """:func:`agree` on raw keys (libsodium's X25519: the same bytes, cheaper per call)."""
+def agree(private: bytes, public: bytes) -> bytes:
+    """X25519 of a raw private key with a peer's raw public key (libsodium: the bytes
+    ``X25519PrivateKey.exchange`` gives, cheaper per call); a key that agrees nothing (low order)
+    is the peer's fault."""
     if len(public) != PUBLIC_KEY_BYTES:
         raise WireError(f"an X25519 public key is {PUBLIC_KEY_BYTES} bytes, got {len(public)}")
     try:

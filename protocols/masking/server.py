@@ -28,7 +28,6 @@ from .keys import (
     agree,
     check_public,
     consistency_statement,
-    load_public,
     matches_commitment,
     pair_seed,
     raw_public,
@@ -329,9 +328,9 @@ class MaskingServer(ServerParty):
                 survivors = [v for v in self.graph[pid] if v in uploaded and self._holds(v, pid)]
                 if not survivors:
                     continue
-                key = X25519PrivateKey.from_private_bytes(self._recover(pid, keys.get(pid, []), "key"))
+                key = self._recover(pid, keys.get(pid, []), "key")
                 for v in survivors:
-                    seed = pair_seed(agree(key, load_public(self.keys[v].mask_key)), protocol=self.protocol,
+                    seed = pair_seed(agree(key, self.keys[v].mask_key), protocol=self.protocol,
                                      run_id=self.run_id, u=pid, v=v)
                     # v added PRG(s) when v < pid and subtracted it otherwise: undo that.
                     (subtract if v < pid else add).append(seed)
