@@ -352,7 +352,7 @@ def harary_graph(members: Sequence[PartyId], degree: int, *,
     order = _ring(members, seed)
     graph: dict[PartyId, tuple[PartyId, ...]] = {}
     for pos, u in enumerate(order):
-        graph[u] = tuple(sorted(order[(pos + off) % m] for off in range(-half, half + 1) if off))
+        graph[u] = _row(order, pos, half)
     return graph
 
 
@@ -367,9 +367,16 @@ def harary_neighbours(members: Sequence[PartyId], degree: int, party: PartyId, *
             raise KeyError(party)
         return tuple(v for v in sorted(members) if v != party)
     order = _ring(members, seed)
-    pos = order.index(party) if party in order else -1
-    if pos < 0:
-        raise KeyError(party)
+    try:
+        pos = order.index(party)
+    except ValueError:
+        raise KeyError(party) from None
+    return _row(order, pos, half)
+
+
+def _row(order: Sequence[PartyId], pos: int, half: int) -> tuple[PartyId, ...]:
+    """The neighbours of ``order[pos]`` on the ring: ``half`` on either side, ascending."""
+    m = len(order)
     return tuple(sorted(order[(pos + off) % m] for off in range(-half, half + 1) if off))
 
 
