@@ -257,26 +257,25 @@ class FlowerNetwork(Network):
         wire = sum(wire_bytes(m) for m in messages.values())
         failed = {party: "the SuperLink refused the message" for party, m in messages.items()
                   if m.metadata.message_id not in pushed}
-        while pending:
-            for reply in self.grid.pull_messages(list(pending)):
-                party = pending.pop(reply.metadata.reply_to_message_id, None)
-                if party is None:
-                    self.rejected.append(f"a reply from node {reply.metadata.src_node_id} to no registration")
-                    continue
-                try:
-                    if reply.has_error():
-                        raise StageError(f"Flower error reply {reply.error.code}: {reply.error.reason}")
-                    wire += wire_bytes(reply)
-                    if reply.metadata.src_node_id != self.nodes[party]:
-                        raise StageError(f"the reply came from node {reply.metadata.src_node_id}")
-                    if read_register_reply(reply.content, nonce=self.nonce) != len(keys):
-                        raise StageError("it registered another directory")
-                except ProtocolError as error:
-                    failed[party] = f"{type(error).__name__}: {error}"
-            if not pending or self.clock() >= start + self.stage_timeout:
-                break
-            _check(self.stop)
-            self.sleep(self.poll_interval)
+
+        def take(reply: FlowerMessage) -> None:
+            nonlocal wire
+            party = pending.pop(reply.metadata.reply_to_message_id, None)
+            if party is None:
+                self.rejected.append(f"a reply from node {reply.metadata.src_node_id} to no registration")
+                return
+            try:
+                if reply.has_error():
+                    raise StageError(f"Flower error reply {reply.error.code}: {reply.error.reason}")
+                wire += wire_bytes(reply)
+                if reply.metadata.src_node_id != self.nodes[party]:
+                    raise StageError(f"the reply came from node {reply.metadata.src_node_id}")
+                if read_register_reply(reply.content, nonce=self.nonce) != len(keys):
+                    raise StageError("it registered another directory")
+            except ProtocolError as error:
+                failed[party] = f"{type(error).__name__}: {error}"
+
+        self._poll(pending, start + self.stage_timeout, take)
         for party in pending.values():
             failed[party] = f"no reply within the stage timeout ({self.stage_timeout:g} s)"
         for party, reason in sorted(failed.items()):
@@ -323,19 +322,23 @@ class FlowerNetwork(Network):
                 ex.wire += wire_bytes(message)
             else:
                 self._drop(ex, party, "the SuperLink refused the message", gone=False)
-        deadline = start + self.stage_timeout
-        while ex.pending:
-            for reply in self.grid.pull_messages(list(ex.pending)):
-                self._take(ex, reply)
-            if not ex.pending or self.clock() >= deadline:
-                break
-            _check(self.stop)
-            self.sleep(self.poll_interval)
+        self._poll(ex.pending, start + self.stage_timeout, lambda reply: self._take(ex, reply))
         for party in sorted(ex.pending.values()):
             self._drop(ex, party, f"no reply within the stage timeout ({self.stage_timeout:g} s)", gone=True)
         self._record(ex, start)
         self._event(ex, "received", lost=sorted(ex.replies.lost))
         return ex.replies
+
+    def _poll(self, pending: Mapping[str, PartyId], deadline: float, take: Callable[[FlowerMessage], None]) -> None:
+        """Pull the replies to the messages ``pending`` names (``take`` pops each it consumes)
+        until none is left or ``deadline`` passes (never waits forever: Flower's own wait would)."""
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                take(reply)
+            if not pending or self.clock() >= deadline:
+                break
+            _check(self.stop)
+            self.sleep(self.poll_interval)
 
     def _take(self, ex: _Exchange, reply: FlowerMessage) -> None:
         party = ex.pending.pop(reply.metadata.reply_to_message_id, None)
