@@ -394,13 +394,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resume_command(args: argparse.Namespace, run_id: str) -> str:
-    """The command that continues the batch: the same engine and overrides (a run's identity)."""
+    """The command that continues the batch (shell-quoted): the same engine and overrides (a run's identity)."""
+    from shlex import quote
+
     from secure_fl.cli import program
 
-    return (f"{program()} run {args.config} --resume {run_id}"
+    return (f"{program()} run {quote(str(args.config))} --resume {run_id}"
             + (f" --engine {args.engine}" if args.engine else "")
-            + "".join(f" --set {key}={value}" for key, value in args.set)
-            + (f" --workspace {args.workspace}" if args.workspace else ""))
+            + "".join(f" --set {quote(f'{key}={value}')}" for key, value in args.set)
+            + (f" --workspace {quote(str(args.workspace))}" if args.workspace else ""))
 
 
 def _positive_int(text: str) -> int:
