@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from secure_fl.losses import GHMC, MFE, CrossEntropy, Focal, Loss, MeanSquaredError, RatioLoss
-from secure_fl.training import ClientData, LocalObjective, LocalResult, LocalTrainer
+from secure_fl.training import ClientData, LocalObjective, LocalResult, LocalTrainer, LocalTraining
 
 __all__ = [
     "BATCHED_LOSSES", "BatchedLoss", "CohortJob", "chunk_size", "client_bytes", "cohort_key", "register_batched_loss",
@@ -391,11 +391,8 @@ def _step(step_fn: Callable[..., tuple[dict[str, torch.Tensor], tuple[torch.Tens
           index: torch.Tensor, mask: torch.Tensor, gather: _Gather,
           weights: torch.Tensor | None, shifts: torch.Tensor | None,
           corrections: Sequence[Callable[..., None] | None], lrs: torch.Tensor, same_lr: bool,
-          totals: torch.Tensor, training: object, other: dict[str, torch.Tensor]) -> None:
+          totals: torch.Tensor, training: LocalTraining, other: dict[str, torch.Tensor]) -> None:
     """One optimiser step of the clients ``group`` (a prefix of the cohort, or any subset)."""
-    from secure_fl.training import LocalTraining
-
-    assert isinstance(training, LocalTraining)
     prefix = group == list(range(len(group)))
     if prefix:
         sel: slice | torch.Tensor = slice(0, len(group))
@@ -421,32 +418,48 @@ def _step(step_fn: Callable[..., tuple[dict[str, torch.Tensor], tuple[torch.Tens
             correct = corrections[k]
             if correct is not None:
                 correct([t[j] for t in p], [t[j] for t in g])
-        if training.weight_decay:
-            torch._foreach_add_(g, p, alpha=training.weight_decay)
-        if training.momentum:
-            # buf ← m·buf + g, computed into the fresh gradient tensors (one pass), which become the buffers
-            old = [momentum[name][sel] for name in parameter_names]
-            raw = [t.clone() for t in g] if training.nesterov else None
-            torch._foreach_add_(g, old, alpha=training.momentum)
-            whole = prefix and len(group) == next(iter(momentum.values())).shape[0]
-            for name, buf, before in zip(parameter_names, g, old):
-                if whole:
-                    momentum[name] = buf
-                elif prefix:
-                    before.copy_(buf)
-                else:
-                    momentum[name].index_copy_(0, sel, buf)  # type: ignore[arg-type]
-            if raw is not None:  # Nesterov: g + m·buf
-                g = list(torch._foreach_add(raw, g, alpha=training.momentum))
         if same_lr:
-            torch._foreach_add_(p, g, alpha=-float(lrs[0]))
+            _fused_sgd(p, g, momentum, parameter_names, sel, prefix, training, float(lrs[0]))
         else:
-            lr = lrs[sel]
-            torch._foreach_sub_(p, [gi * lr.view(-1, *([1] * (gi.dim() - 1))) for gi in g])
+            _foreach_sgd(p, g, momentum, parameter_names, sel, prefix, training, lrs[sel])
         if not prefix:
             for name, value in zip(parameter_names, p):
                 views[name].index_copy_(0, sel, value)  # type: ignore[arg-type]
         totals[sel] += values.detach().to(torch.float32)
+
+
+def _fused_sgd(p: list[torch.Tensor], g: list[torch.Tensor], momentum: dict[str, torch.Tensor],
+               parameter_names: list[str], sel: slice | torch.Tensor, prefix: bool, training: LocalTraining,
+               lr: float) -> None:
+    """torch.optim.SGD's step for every row at one learning rate, in one pass over the state
+    (``torch._fused_sgd_``, the kernel behind ``SGD(fused=True)``): g += wd·p, buf ← m·buf + g,
+    p −= lr·(buf, or g + m·buf with Nesterov). A zero momentum row gives the loop's first step (buf = g)."""
+    bufs = [momentum[name][sel] for name in parameter_names] if training.momentum else []
+    torch._fused_sgd_(p, g, bufs, weight_decay=training.weight_decay, momentum=training.momentum, lr=lr,
+                      dampening=0.0, nesterov=training.nesterov, maximize=False, is_first_step=False)
+    if not prefix:  # ``sel`` picked copies: write the momentum rows back
+        for name, buf in zip(parameter_names, bufs):
+            momentum[name].index_copy_(0, sel, buf)  # type: ignore[arg-type]
+
+
+def _foreach_sgd(p: list[torch.Tensor], g: list[torch.Tensor], momentum: dict[str, torch.Tensor],
+                 parameter_names: list[str], sel: slice | torch.Tensor, prefix: bool, training: LocalTraining,
+                 lr: torch.Tensor) -> None:
+    """The same step with a learning rate per row (clients of one cohort on different schedules)."""
+    if training.weight_decay:
+        torch._foreach_add_(g, p, alpha=training.weight_decay)
+    if training.momentum:
+        old = [momentum[name][sel] for name in parameter_names]
+        raw = [t.clone() for t in g] if training.nesterov else None
+        torch._foreach_add_(g, old, alpha=training.momentum)  # buf ← m·buf + g, in the gradient tensors
+        for name, buf, before in zip(parameter_names, g, old):
+            if prefix:
+                before.copy_(buf)
+            else:
+                momentum[name].index_copy_(0, sel, buf)  # type: ignore[arg-type]
+        if raw is not None:  # Nesterov: g + m·buf
+            g = list(torch._foreach_add(raw, g, alpha=training.momentum))
+    torch._foreach_sub_(p, [gi * lr.view(-1, *([1] * (gi.dim() - 1))) for gi in g])
 
 
 def cohort_key(job: CohortJob) -> tuple[bool, bool, bool]:

@@ -70,13 +70,14 @@ def objective(kind: str, client: ClientData, trainer: LocalTrainer, start: torch
     raise AssertionError(kind)
 
 
-def compare(trainer: LocalTrainer, clients: Sequence[ClientData], kind: str, *, lr: float = 0.05,
+def compare(trainer: LocalTrainer, clients: Sequence[ClientData], kind: str, *, lr: float | Sequence[float] = 0.05,
             atol: float = 1e-5) -> None:
     start = trainer.layout.flatten()
-    loop = [trainer.train(c, start, lr=lr, shuffle=torch.Generator().manual_seed(c.client_id),
-                          objective=objective(kind, c, trainer, start)) for c in clients]
-    jobs = [CohortJob(data=c, start=start, lr=lr, shuffle=torch.Generator().manual_seed(c.client_id),
-                      objective=objective(kind, c, trainer, start)) for c in clients]
+    lrs = [lr] * len(clients) if isinstance(lr, float) else list(lr)
+    loop = [trainer.train(c, start, lr=r, shuffle=torch.Generator().manual_seed(c.client_id),
+                          objective=objective(kind, c, trainer, start)) for c, r in zip(clients, lrs)]
+    jobs = [CohortJob(data=c, start=start, lr=r, shuffle=torch.Generator().manual_seed(c.client_id),
+                      objective=objective(kind, c, trainer, start)) for c, r in zip(clients, lrs)]
     together = train_cohort(trainer, jobs)
     for c, a, b in zip(clients, loop, together):
         assert a.steps == b.steps, c.client_id
@@ -103,6 +104,17 @@ def test_objectives_and_the_optimiser_match_the_loop(digits: Any, kind: str, nes
     model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,))
     training = LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=nesterov)
     compare(LocalTrainer(model, training=training, loss=make_loss("ce")), clients_of(digits), kind)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_clients_on_different_learning_rates_match_the_loop(digits: Any, nesterov: bool) -> None:
+    """One rate for the cohort takes the fused optimiser step; rates per client the per-row one."""
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,))
+    training = LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=nesterov)
+    clients = clients_of(digits)
+    compare(LocalTrainer(model, training=training, loss=make_loss("ce")), clients, "proximal",
+            lr=[0.05 * 0.5 ** (i % 3) for i in range(len(clients))])
 
 
 @pytest.mark.parametrize("name", ["lenet5", "climb_cnn", "cnn7"])
