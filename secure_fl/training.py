@@ -245,3 +245,20 @@ class LocalTrainer:
                 steps += 1
         mean_loss = float(total) / max(steps, 1)
         return LocalResult(vector=self.layout.flatten(), steps=steps, loss=mean_loss)
+
+    def mean_loss(self, data: ClientData, vector: torch.Tensor, *, chunk: int = 4096) -> float:
+        """The run's loss of the flat weights ``vector`` on all of ``data`` (eval mode, no gradient)."""
+        if data.num_samples == 0:
+            return 0.0
+        self.layout.load(vector)
+        model = self.model
+        model.eval()
+        total = 0.0
+        try:
+            with torch.no_grad():
+                for begin in range(0, data.num_samples, chunk):
+                    x, y = data.x[begin : begin + chunk], data.y[begin : begin + chunk]
+                    total += float(self.loss(model(x), y)) * int(y.shape[0])
+        finally:
+            model.train()
+        return total / data.num_samples

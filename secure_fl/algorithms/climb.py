@@ -182,23 +182,9 @@ def climb_weight(lam: float, mean_lambda: float) -> float:
     return 1.0 + lam - mean_lambda
 
 
-def client_loss(ctx: ClientContext, *, chunk: int = 4096) -> float:
+def client_loss(ctx: ClientContext) -> float:
     """f_i(θ): the client's mean training loss under the broadcast model (client-side)."""
-    trainer, data = ctx.trainer, ctx.data
-    if data.num_samples == 0:
-        return 0.0
-    trainer.layout.load(ctx.global_vector)
-    model = trainer.model
-    model.eval()
-    total = 0.0
-    try:
-        with torch.no_grad():
-            for begin in range(0, data.num_samples, chunk):
-                x, y = data.x[begin : begin + chunk], data.y[begin : begin + chunk]
-                total += float(trainer.loss(model(x), y)) * int(y.shape[0])
-    finally:
-        model.train()
-    return total / data.num_samples
+    return ctx.trainer.mean_loss(ctx.data, ctx.global_vector)
 
 
 def is_dual_round(params: ClimbParams, round: int) -> bool:

@@ -14,7 +14,9 @@ somewhere in the middle. The pool runs that call twice:
 2. **replay** (:meth:`ClientPool.resolve`, at the first use of any pending result): every job
    collected so far trains together (:func:`~secure_fl.training_pool.train_cohort`, chunked by a
    memory estimate); then each method runs again from the same state and the same seeded
-   generators, and its ``ctx.train`` returns the cohort's result for that client.
+   generators, and its ``ctx.train`` returns the cohort's result for that client. A loss the
+   method evaluated before ``ctx.train`` (``trainer.mean_loss``: CLIMB's f_i) is computed in the
+   collect run only; the replay gets the same value back.
 
 So a method's ``train`` must depend only on its context, its state and the seeded generators
 (every method here does); the objective is recorded in the first run and the shuffle generator
@@ -35,7 +37,14 @@ from typing import Any
 import torch
 
 from secure_fl.algorithms import ClientData, LocalObjective, LocalResult, LocalTrainer, LocalUpdate
-from secure_fl.training_pool import CohortJob, chunk_size, client_bytes, cohort_key, train_cohort, vectorisable
+from secure_fl.training_pool import (
+    CohortJob,
+    chunk_size,
+    client_bytes,
+    cohort_key,
+    train_cohort,
+    vectorisable,
+)
 
 __all__ = ["ClientPool", "PendingTraining"]
 
@@ -62,12 +71,25 @@ class _Recorder(LocalTrainer):
     """The shared trainer as the method sees it; ``train`` records the job (collect) or returns the
     cohort's result (replay)."""
 
-    def __init__(self, base: LocalTrainer, results: Sequence[LocalResult] = ()) -> None:  # noqa: D107
+    def __init__(self, base: LocalTrainer, results: Sequence[LocalResult] = (),
+                 losses: Sequence[float] = ()) -> None:
         self.model, self.layout, self.training, self.loss = base.model, base.layout, base.training, base.loss
         self.optimizer = base.optimizer
         self.base = base
         self.job: CohortJob | None = None
         self.results = list(results)
+        self.losses = list(losses)
+        """Collect: the ``mean_loss`` values computed so far; replay: the collect run's, in order."""
+        self.replaying = bool(results)
+
+    def mean_loss(self, data: ClientData, vector: torch.Tensor, *, chunk: int = 4096) -> float:
+        """Computed once, in the collect run; the replay gets the same value back (same weights, same data)."""
+        if self.replaying and self.losses:
+            return self.losses.pop(0)
+        value = self.base.mean_loss(data, vector, chunk=chunk)
+        if not self.replaying:
+            self.losses.append(value)
+        return value
 
     def train(self, data: ClientData, start: torch.Tensor, *, lr: float, shuffle: torch.Generator,
               objective: LocalObjective | None = None) -> LocalResult:
@@ -86,6 +108,8 @@ class PendingTraining:
     pool: ClientPool
     attempt: Attempt
     job: CohortJob
+    losses: tuple[float, ...] = ()
+    """What ``mean_loss`` gave the collect run before ``ctx.train``: the replay reuses it."""
     outcome: tuple[LocalUpdate, Any] | None = None
 
     def result(self) -> tuple[LocalUpdate, Any]:
@@ -119,7 +143,7 @@ class ClientPool:
             state.clear()
             state.update(saved)
         assert recorder.job is not None
-        pending = PendingTraining(pool=self, attempt=attempt, job=recorder.job)
+        pending = PendingTraining(pool=self, attempt=attempt, job=recorder.job, losses=tuple(recorder.losses))
         self._pending.append(pending)
         return pending
 
@@ -130,7 +154,7 @@ class ClientPool:
             return
         results = self._train([p.job for p in pending])
         for item, result in zip(pending, results):
-            item.outcome = item.attempt(_Recorder(self.trainer, [result]))
+            item.outcome = item.attempt(_Recorder(self.trainer, [result], item.losses))
 
     def _train(self, jobs: Sequence[CohortJob]) -> list[LocalResult]:
         groups: dict[tuple[bool, bool, bool], list[int]] = {}
