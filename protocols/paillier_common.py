@@ -23,7 +23,8 @@ import numpy.typing as npt
 from .encoding import PackingLayout
 from .errors import ForeignKeyError, WireError
 from .primitives import paillier as raw
-from .primitives.channel import PUBLIC_KEY_BYTES, ChannelKey
+from .primitives import sodium
+from .primitives.channel import PUBLIC_KEY_BYTES
 from .session import SumRequest
 from .wire import PartyId, Reader, Writer
 
@@ -160,10 +161,8 @@ def check_channel_key(data: bytes) -> bytes:
     """An X25519 public key that yields a non-zero shared secret (no low-order point)."""
     if len(data) != PUBLIC_KEY_BYTES:
         raise WireError(f"a channel key is {PUBLIC_KEY_BYTES} bytes, got {len(data)}")
-    try:
-        ChannelKey().shared_secret(data)
-    except ValueError:
-        raise WireError("the channel key is a low-order point") from None
+    if sodium.low_order(data):
+        raise WireError("the channel key is a low-order point")
     return bytes(data)
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..base import Outgoing, Party, Reveal, StageGate
 from ..encoding import VectorSpec, decode_sum
 from ..errors import AuthenticationError, EncodingError, PolicyError, StageError, WireError
 from ..identity import Directory, Identity
 from ..messages import ReleasedSum
-from ..primitives import shamir
+from ..primitives import shamir, sodium
 from ..primitives.channel import ChannelKey, open_sealed, seal
 from ..primitives.prg import MaskExpander, Words
 from ..transcript import Exposure
@@ -31,8 +30,6 @@ from .keys import (
     agree,
     consistency_statement,
     pair_seed,
-    raw_private,
-    raw_public,
     seed_commitment,
     self_seed,
     share_associated,
@@ -79,9 +76,10 @@ class MaskingClient(Party):
         self._words: Words | None = words
         self.gate = StageGate(run_id, protocol, party_id)
         self._channel: ChannelKey | None = None
-        self._mask_key: X25519PrivateKey | None = None
         self._mask_private: bytes = b""
-        """The raw mask key (shared among the neighbours; agrees the pairwise seeds)."""
+        self._mask_public: bytes = b""
+        """The raw mask key pair (the private key is shared among the neighbours and agrees the
+        pairwise seeds)."""
         self._neighbours: dict[PartyId, tuple[bytes, bytes]] = {}
         """Each neighbour's advertised channel key and mask key (raw)."""
         self._seed: bytes | None = None
@@ -107,10 +105,11 @@ class MaskingClient(Party):
 
     def _advertise(self) -> list[Outgoing]:
         self._channel = ChannelKey()
-        self._mask_key = X25519PrivateKey.generate()
+        self._mask_private = sodium.x25519_private()
+        self._mask_public = sodium.x25519_public(self._mask_private)
         self._seed = secrets.token_bytes(shamir.SECRET_BYTES)
         commitment = seed_commitment(self._seed, protocol=self.protocol, run_id=self.run_id, owner=self.party_id)
-        advert = KeyAdvert(self._channel.public_bytes, raw_public(self._mask_key), commitment)
+        advert = KeyAdvert(self._channel.public_bytes, self._mask_public, commitment)
         if self.active:
             assert self.identity is not None
             advert = KeyAdvert(advert.channel_key, advert.mask_key, commitment, self.identity.sign(advert_statement(
@@ -139,9 +138,9 @@ class MaskingClient(Party):
 
     # share_keys: split b and s_sk among the neighbours and seal one pair of shares for each.
     def _share_keys(self, env: Envelope) -> list[Outgoing]:
-        assert self._channel is not None and self._mask_key is not None and self._seed is not None
+        assert self._channel is not None and self._mask_private and self._seed is not None
         keys = NeighbourKeys.from_bytes(env.payload, parties=self.participants, signed=self.active)
-        own = {self._channel.public_bytes, raw_public(self._mask_key)}
+        own = {self._channel.public_bytes, self._mask_public}
         ids = [pid for pid, _ in keys.entries]
         if self.party_id in ids:
             raise WireError("a client is not its own neighbour")
@@ -155,7 +154,7 @@ class MaskingClient(Party):
         if len(set(published)) != len(published) or own & set(published):
             raise WireError("neighbour keys repeat")
         neighbours = {pid: (advert.channel_key, advert.mask_key) for pid, advert in keys.entries}
-        seed, mask_private = self._seed, raw_private(self._mask_key)
+        seed, mask_private = self._seed, self._mask_private
         holders = sorted([*ids, self.party_id])
         xs = [pid + 1 for pid in holders]
         seed_ys, key_ys = shamir.split_many([seed, mask_private], xs, self.params.threshold)
@@ -171,7 +170,6 @@ class MaskingClient(Party):
                 raise WireError(f"neighbour {pid}'s channel key is unusable") from None
             sealed.append((pid, box))
         self.gate.record(env)
-        self._mask_private = mask_private
         self._neighbours = neighbours
         self._advertised = keys.advertised
         self._own_shares = (seed_shares[self.party_id], key_shares[self.party_id])
@@ -277,15 +275,21 @@ class MaskingClient(Party):
         signers = [signer for signer, _ in request.signatures]
         if not set(signers) <= told & neighbourhood:
             raise PolicyError("consistency signatures from outside this client's surviving neighbourhood")
+        # This client's own signature counts without a verification (it is compared with what it
+        # signed); then others' until t match: the rest need no checking.
         valid = 0
+        others = []
         for signer, signature in request.signatures:
-            if valid >= self.params.threshold:
-                break  # t matching signatures settle it; the rest need no checking
-            if signer == self.party_id:
-                if signature != self._signature:
-                    raise AuthenticationError("this client's own consistency signature came back altered")
+            if signer != self.party_id:
+                others.append((signer, signature))
+            elif signature != self._signature:
+                raise AuthenticationError("this client's own consistency signature came back altered")
             else:
-                self.directory.verify(signer, self._statement, signature, what="consistency signature")
+                valid = 1
+        for signer, signature in others:
+            if valid >= self.params.threshold:
+                break
+            self.directory.verify(signer, self._statement, signature, what="consistency signature")
             valid += 1
         if valid < self.params.threshold:
             raise PolicyError(f"only {valid} consistency signatures; revealing needs {self.params.threshold}")
@@ -302,7 +306,7 @@ class MaskingClient(Party):
         s_shares = tuple(self._held[pid][1] for pid in request.dropped)
         self.gate.record(env)
         # Nothing secret is needed any more: forget it.
-        self._seed, self._own_shares, self._held, self._mask_key = None, None, {}, None
+        self._seed, self._own_shares, self._held = None, None, {}
         self._mask_private = b""
         self._statement = self._signature = b""
         self._answered = request

@@ -62,11 +62,11 @@ def load_public(data: bytes) -> X25519PublicKey:
 
 
 def check_public(data: bytes) -> None:
-    """Refuse keys that cannot agree a secret (low-order points) before anyone relies on them."""
-    try:
-        X25519PrivateKey.generate().exchange(load_public(data))
-    except ValueError:
-        raise WireError("not a usable X25519 public key") from None
+    """Refuse keys that cannot agree a secret (low-order points) before anyone relies on them:
+    :func:`~protocols.primitives.sodium.low_order`, the keys an exchange with any private key
+    refuses, found without one."""
+    if len(data) != PUBLIC_KEY_BYTES or sodium.low_order(data):
+        raise WireError("not a usable X25519 public key")
 
 
 def agree(private: bytes, public: bytes) -> bytes:

@@ -11,14 +11,13 @@ survivors' connectivity before asking for a share, so a run without enough survi
 from __future__ import annotations
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ..base import Outgoing, ServerParty, StageGate
 from ..encoding import decode_sum
 from ..errors import AbortedError, EncodingError, ShareError, StageError, ThresholdError, WireError
 from ..identity import Directory
 from ..messages import ReleasedSum
-from ..primitives import shamir
+from ..primitives import shamir, sodium
 from ..primitives.prg import MaskExpander, Words
 from ..session import SumRequest
 from ..transcript import Exposure
@@ -30,7 +29,6 @@ from .keys import (
     consistency_statement,
     matches_commitment,
     pair_seed,
-    raw_public,
     self_seed,
 )
 from .messages import (
@@ -300,7 +298,7 @@ class MaskingServer(ServerParty):
                                           owner=owner)
         else:
             def verify(secret: bytes) -> bool:
-                return raw_public(X25519PrivateKey.from_private_bytes(secret)) == advert.mask_key
+                return sodium.x25519_public(secret) == advert.mask_key
         try:
             recovered = shamir.recover(points, self.threshold, verify=verify, checker=self._checker)
         except ShareError as error:

@@ -80,3 +80,69 @@ def test_verify_accepts_exactly_the_signers_signature():
     order = 2**252 + 27742317777372353535851937790883648493
     s = int.from_bytes(signature[32:], "little")
     assert not sodium.verify(public, message, signature[:32] + (s + order).to_bytes(32, "little"))
+
+
+def test_key_pairs_are_cryptographys_byte_for_byte():
+    for _ in range(50):
+        private = sodium.x25519_private()
+        assert private[0] & 7 == 0 and private[31] >> 6 == 1  # clamped, as OpenSSL stores keys
+        expected = X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+        assert sodium.x25519_public(private) == expected
+    for _ in range(50):  # any 32 bytes: both clamp before multiplying
+        raw = os.urandom(32)
+        assert sodium.x25519_public(raw) == X25519PrivateKey.from_private_bytes(raw).public_key().public_bytes_raw()
+    assert len({sodium.x25519_private() for _ in range(100)}) == 100
+    for bad in (b"", bytes(31), bytes(33)):
+        with pytest.raises(ValueError):
+            sodium.x25519_public(bad)
+
+
+def _encodings(point: bytes) -> list[bytes]:
+    """``point`` with the ignored high bit set too, and its non-canonical encoding (u + p) where
+    one fits in 255 bits."""
+    u = int.from_bytes(point, "little")
+    out = [point, (u | 1 << 255).to_bytes(32, "little")]
+    if u + 2**255 - 19 < 2**255:
+        out += [(u + 2**255 - 19).to_bytes(32, "little"), (u + 2**255 - 19 | 1 << 255).to_bytes(32, "little")]
+    return out
+
+
+@pytest.mark.parametrize("point", LOW_ORDER)
+def test_low_order_finds_every_encoding_of_the_low_order_points(point):
+    key = X25519PrivateKey.generate()
+    for encoding in _encodings(point):
+        assert sodium.low_order(encoding)
+        with pytest.raises(ValueError):
+            key.exchange(X25519PublicKey.from_public_bytes(encoding))
+
+
+def test_low_order_is_exactly_what_an_exchange_refuses():
+    key = X25519PrivateKey.generate()
+    near = [(u + d) % 2**256 for u in (0, 1, 2**255 - 20, 2**255 - 19, 2**255 - 1) for d in (-2, -1, 0, 1, 2)]
+    candidates = [os.urandom(32) for _ in range(300)] + [u.to_bytes(32, "little") for u in near]
+    candidates += [ChannelKey().public_bytes for _ in range(20)]
+    for public in candidates:
+        try:
+            key.exchange(X25519PublicKey.from_public_bytes(public))
+            refused = False
+        except ValueError:
+            refused = True
+        assert sodium.low_order(public) == refused, public.hex()
+    with pytest.raises(ValueError):
+        sodium.low_order(bytes(31))
+
+
+def test_hkdf_is_cryptographys_byte_for_byte():
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from protocols.primitives.channel import hkdf
+
+    for n in range(300):
+        secret, info, length = os.urandom(n % 97), os.urandom(n % 61), 1 + n % 48
+        salt = os.urandom(16) if n % 5 == 0 else None
+        expected = HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
+        assert hkdf(secret, info=info, length=length, salt=salt) == expected
+    # RFC 5869, test case 3 (no salt, no info), its first 32 bytes
+    okm = bytes.fromhex("8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d")
+    assert hkdf(bytes([0x0B]) * 22, info=b"", length=32) == okm
