@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from protocols.primitives.prg import CHUNK_BYTES, MaskExpander, keystream_into
+from protocols.primitives.prg import CHUNK_BYTES, GCM_MIN_BYTES, MaskExpander, keystream_into
 
 # NIST SP 800-38A, F.5.1 CTR-AES128.Encrypt
 NIST_KEY = bytes.fromhex("2b7e151628aed2a6abf7158809cf4f3c")
@@ -121,3 +121,80 @@ def test_masks_reduced_mod_small_powers_of_two_are_uniform(bits):
     MaskExpander(acc.size, np.uint32).accumulate(acc, add=[b"a" * 32, b"b" * 32], subtract=[b"c" * 32])
     counts = np.bincount(acc & ((1 << bits) - 1), minlength=1 << bits)
     assert chi_square(counts) < chi_square_limit(1 << bits)
+
+
+# --- long masks: the same keystream through OpenSSL's GCM encryptor ------------------------------
+
+def _ctr_keystream(seed: bytes, nbytes: int) -> bytes:
+    key, counter = (seed[:16], seed[16:]) if len(seed) == 32 else (seed, bytes(16))
+    return Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor().update(bytes(nbytes))
+
+
+def _seed(counter: int) -> bytes:
+    return bytes(range(16)) + counter.to_bytes(16, "big")
+
+
+def test_gcm_field_arithmetic():
+    import random
+
+    from protocols.primitives.prg import _block, _element, _inverse, _multiply
+
+    rng = random.Random(7)
+    for _ in range(200):
+        a, b, c = (rng.getrandbits(128) for _ in range(3))
+        assert _multiply(a, b) == _multiply(b, a)
+        assert _multiply(a, b ^ c) == _multiply(a, b) ^ _multiply(a, c)
+        if a:
+            assert _multiply(a, _inverse(a)) == 1
+        block = rng.randbytes(16)
+        assert _block(_element(block)) == block
+    # NIST SP 800-38D / McGrew-Viega test case 2 (K = 0, IV = 0^96, P = 0^128):
+    # GHASH_H(C, [0]_64 | [128]_64) = (C·H + L)·H
+    h = _element(bytes.fromhex("66e94bd4ef8a2c3b884cfa59ca342b2e"))
+    c = _element(bytes.fromhex("0388dace60b6a392f328c2b971b2fe78"))
+    length = _element(bytes(8) + (128).to_bytes(8, "big"))
+    assert length == 1 << 120
+    assert _block(_multiply(_multiply(c, h) ^ length, h)) == bytes.fromhex("f38cbb1ad69223dcc3457ae5b6b0f885")
+
+
+@pytest.mark.parametrize("counter", [
+    0, 1, 0xFFFFFFFF, 2**32, 2**96 - 1, 2**128 - 1, 2**127 + 12345,
+    2**32 - (GCM_MIN_BYTES // 16),      # the last 32-bit counter that fits: GCM
+    2**32 - (GCM_MIN_BYTES // 16) + 1,  # the first that would wrap: CTR
+    5 * 2**32 - 100,                    # wraps within the mask, carry into bit 32: CTR
+])
+def test_long_masks_are_the_ctr_keystream_byte_for_byte(counter):
+    out = bytearray(GCM_MIN_BYTES)
+    keystream_into(_seed(counter % 2**128), out)
+    assert bytes(out) == _ctr_keystream(_seed(counter % 2**128), GCM_MIN_BYTES)
+
+
+def test_long_masks_pick_gcm_exactly_where_the_counter_does_not_wrap(monkeypatch):
+    from protocols.primitives import prg
+
+    blocks = GCM_MIN_BYTES // 16
+    assert prg._gcm_counts(_seed(2**32 - blocks)[16:], blocks)
+    assert not prg._gcm_counts(_seed(2**32 - blocks + 1)[16:], blocks)
+    assert prg._gcm_counts(_seed(2**128 - 2**32)[16:], blocks)  # high bits do not matter
+    used = []
+    real = prg.modes.GCM
+    monkeypatch.setattr(prg.modes, "GCM", lambda iv: used.append(iv) or real(iv))
+    prg._ciphers([_seed(2**32 - blocks), _seed(2**32 - blocks + 1), bytes(16)], GCM_MIN_BYTES)
+    assert len(used) == 2  # the first and the 16-byte seed (zero counter); the second wraps: CTR
+    used.clear()
+    prg._ciphers([_seed(5)], GCM_MIN_BYTES - 1)
+    assert not used  # short masks: CTR
+
+
+def test_long_masks_accumulate_as_the_sum_of_ctr_masks():
+    import os
+
+    length = GCM_MIN_BYTES // 4 + 3  # crosses a chunk boundary off a block boundary
+    seeds = [os.urandom(32) for _ in range(4)] + [_seed(2**32 - 10), os.urandom(16)]
+    acc = np.arange(length, dtype=np.uint32)
+    MaskExpander(length, np.uint32).accumulate(acc, add=seeds[:3], subtract=seeds[3:])
+    expected = np.arange(length, dtype=np.uint32)
+    for i, seed in enumerate(seeds):
+        mask = np.frombuffer(_ctr_keystream(seed, 4 * length), dtype="<u4")
+        expected = expected + mask if i < 3 else expected - mask
+    assert np.array_equal(acc, expected)
