@@ -3,10 +3,12 @@
 A SecAgg/SecAgg+ client with ``n`` neighbours expands ``n + 1`` masks (one per neighbour
 and its self mask) of ``d`` words each. Whatever else it does, it cannot be faster than
 generating those ``(n + 1) * d * word`` bytes of AES-128-CTR keystream; this module
-measures that bound with pyca/cryptography alone (``update_into`` a reused buffer, the
-fastest way it offers) and our client's ``upload`` stage (X25519 agreement, HKDF,
-expansion, masking, serialisation), interleaved in this process: one bound repeat after
-each client's upload.
+measures that bound with pyca/cryptography's CTR encryptor (``update_into`` a reused buffer)
+and our client's ``upload`` stage (X25519 agreement, HKDF, expansion, masking, serialisation),
+interleaved in this process: one bound repeat after each client's upload. Since masks of
+2 MiB and more are made by OpenSSL's GCM encryptor (the same keystream, ~1/3 faster on a CPU
+with VAES; :mod:`protocols.primitives.prg`), the CTR figure is a reference rather than a floor
+there: the client's keystream alone takes ~3/4 of it.
 
     PYTHONPATH=. python bench/masking_bound.py [--neighbours 100] [--length 1000000]
 
