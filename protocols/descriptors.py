@@ -74,11 +74,14 @@ class ProtocolDescriptor:
     @property
     def stages(self) -> dict[int, str]:
         """Stage number → lower-case name (stage 0, ``open``, and 255, ``refuse``, are shared)."""
-        from .wire import SHARED_STAGES
+        cached: dict[int, str] | None = self._cache.get("stages")
+        if cached is None:  # built once: every message a client handles asks for it
+            from .wire import SHARED_STAGES
 
-        stage_enum = self._attr("Stage")
-        names = {int(s): s.name.lower() for s in stage_enum} if stage_enum is not None else {}
-        return {**SHARED_STAGES, **names}
+            stage_enum = self._attr("Stage")
+            names = {int(s): s.name.lower() for s in stage_enum} if stage_enum is not None else {}
+            cached = self._cache["stages"] = {**SHARED_STAGES, **names}
+        return dict(cached)  # the caller's own copy
 
     @property
     def options_class(self) -> type[Any] | None:

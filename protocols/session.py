@@ -302,9 +302,9 @@ class ClientEndpoint:
             return []
         from .descriptors import descriptor
 
-        stage_names = descriptor(env.protocol).stages
         live = self._live.get(env.run_id)
-        context = live[2] if live is not None else RunContext(env.protocol, env.run_id, 0, "unknown", stage_names)
+        context = (live[2] if live is not None
+                   else RunContext(env.protocol, env.run_id, 0, "unknown", descriptor(env.protocol).stages))
         try:
             if self.authenticator is not None:
                 self.authenticator.check(env)
@@ -314,7 +314,8 @@ class ClientEndpoint:
                 raise StageError("clients accept messages from the server only")
             if env.stage == OPEN:
                 request = SumRequest.from_bytes(env.payload, clients=self._clients(env.protocol))
-                context = RunContext(env.protocol, env.run_id, request.round, request.statistic, stage_names)
+                context = RunContext(env.protocol, env.run_id, request.round, request.statistic,
+                                     descriptor(env.protocol).stages)
                 return self._open(env, request, context)
             if live is None:
                 raise StageError("no live run with this id here")

@@ -135,17 +135,9 @@ def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     _check_xs(xs, WireError)
     p = PRIME
     count = len(xs)
-    numerator = 1
-    for x in xs:
-        numerator = numerator * x % p
+    numerator = _product(xs)
     # c_i = prod_{j != i} x_j / (x_j - x_i) = (numerator / x_i) / prod_{j != i} (x_j - x_i)
-    denominators = []
-    for i, xi in enumerate(xs):
-        d = xi
-        for j, xj in enumerate(xs):
-            if j != i:
-                d = d * (xj - xi) % p
-        denominators.append(d)
+    denominators = [_product([xi, *(xj - xi for xj in xs if xj != xi)]) for xi in xs]
     # One inversion for all denominators (Montgomery's trick).
     prefix = [1] * (count + 1)
     for i, d in enumerate(denominators):
@@ -202,6 +194,25 @@ class Recovery:
     """x-coordinates of the shares that do not lie on the secret's polynomial (left out)."""
 
 
+_EXACT_BITS: Final = 4096
+"""Products of factors this small in total are formed exactly and reduced once."""
+
+
+def _product(factors: Sequence[int]) -> int:
+    """``prod(factors) mod p``. Party x-coordinates and their differences are small: their
+    product over the integers (a few hundred bits) and one reduction cost far less than a
+    reduction per factor; large factors are reduced as they go."""
+    if sum(abs(f).bit_length() for f in factors) <= _EXACT_BITS:
+        product = 1
+        for f in factors:
+            product *= f
+        return product % PRIME
+    product = 1
+    for f in factors:
+        product = product * f % PRIME
+    return product
+
+
 def _batch_inverse(values: Sequence[int]) -> list[int]:
     p = PRIME
     prefix = [1] * (len(values) + 1)
@@ -218,15 +229,7 @@ def _batch_inverse(values: Sequence[int]) -> list[int]:
 @lru_cache(maxsize=256)
 def _barycentric(xs: tuple[int, ...]) -> tuple[int, ...]:
     """``u_i = 1 / prod_{j != i} (x_i - x_j)``."""
-    p = PRIME
-    products = []
-    for i, xi in enumerate(xs):
-        d = 1
-        for j, xj in enumerate(xs):
-            if j != i:
-                d = d * (xi - xj) % p
-        products.append(d)
-    return tuple(_batch_inverse(products))
+    return tuple(_batch_inverse([_product([xi - xj for xj in xs if xj != xi]) for xi in xs]))
 
 
 class ShareChecker:
@@ -256,10 +259,11 @@ class ShareChecker:
             lambdas = self._lambdas[:checks]
             p = PRIME
             out = []
+            exact = checks * max(xs).bit_length() <= _EXACT_BITS  # small x: reduce once, at the end
             for x, u in zip(xs, _barycentric(xs)):
                 acc = 0
                 for lam in reversed(lambdas):  # sum_j lambda_j x^j by Horner
-                    acc = (acc * x + lam) % p
+                    acc = acc * x + lam if exact else (acc * x + lam) % p
                 out.append(u * acc % p)
             weights = tuple(out)
             if len(self._weights) < 1024:

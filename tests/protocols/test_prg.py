@@ -198,3 +198,26 @@ def test_long_masks_accumulate_as_the_sum_of_ctr_masks():
         mask = np.frombuffer(_ctr_keystream(seed, 4 * length), dtype="<u4")
         expected = expected + mask if i < 3 else expected - mask
     assert np.array_equal(acc, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+@pytest.mark.parametrize("length", [1, 3, 1000])
+def test_short_masks_accumulate_stacked_as_the_sum_of_masks(dtype, length):
+    import os
+
+    from protocols.primitives.prg import STACK_BYTES
+
+    seeds = [os.urandom(32) for _ in range(23)] + [os.urandom(16)]
+    expander = MaskExpander(length, dtype)
+    assert len(seeds) * expander.nbytes <= STACK_BYTES or length == 1000
+    start = np.full(length, np.iinfo(dtype).max - 5, dtype=dtype)  # wraps at once
+    acc = start.copy()
+    expander.accumulate(acc, add=seeds[:15], subtract=seeds[15:])
+    expected = start.copy()
+    for i, seed in enumerate(seeds):
+        mask = expander.expand(seed)
+        expected = expected + mask if i < 15 else expected - mask
+    assert np.array_equal(acc, expected)
+    only_minus = start.copy()
+    expander.accumulate(only_minus, subtract=seeds[:2])
+    assert np.array_equal(only_minus, start - expander.expand(seeds[0]) - expander.expand(seeds[1]))

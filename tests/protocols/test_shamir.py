@@ -290,3 +290,37 @@ def test_random_elements_are_field_elements_of_full_width():
     high = sum(v >> 255 & 1 for v in values)
     assert 850 < high < 1150
     assert shamir.random_elements(0) == []
+
+
+def test_interpolation_weights_match_the_per_factor_reduction():
+    """Exact products for small x-coordinates (one reduction) equal a reduction per factor."""
+    import random
+
+    from protocols.primitives.shamir import PRIME, _barycentric, lagrange_at_zero
+
+    def naive_barycentric(xs):
+        out = []
+        for i, xi in enumerate(xs):
+            d = 1
+            for j, xj in enumerate(xs):
+                if j != i:
+                    d = d * (xi - xj) % PRIME
+            out.append(pow(d, -1, PRIME))
+        return tuple(out)
+
+    def naive_lagrange(xs):
+        out = []
+        for i, xi in enumerate(xs):
+            c = 1
+            for j, xj in enumerate(xs):
+                if j != i:
+                    c = c * xj % PRIME * pow((xj - xi) % PRIME, -1, PRIME) % PRIME
+            out.append(c)
+        return tuple(out)
+
+    rng = random.Random(3)
+    for xs in ([1, 2, 3], list(range(1, 102)), rng.sample(range(1, 10**6), 40),
+               [rng.randrange(1, PRIME) for _ in range(12)], [1, PRIME - 1, 2**200, 7]):
+        xs = tuple(sorted(xs))
+        assert _barycentric(xs) == naive_barycentric(xs)
+        assert lagrange_at_zero(xs) == naive_lagrange(xs)
