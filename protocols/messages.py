@@ -46,7 +46,7 @@ def read_contributors(reader: Reader, parties: Sequence[PartyId], limit: int) ->
             raise WireError(f"an aggregate of {count} contributors is not possible here")
         if not _list_is_shorter(count, len(order)):
             raise WireError("contributor list where the bitmap is the shorter encoding")
-        contributors = tuple(int(c) for c in np.frombuffer(reader.raw(4 * count), dtype=">u4"))
+        contributors = tuple(np.frombuffer(reader.raw(4 * count), dtype=">u4").tolist())
         if any(a >= b for a, b in pairwise(contributors)):
             raise WireError("contributor list is not strictly ascending")
         if not set(contributors) <= set(order):
@@ -58,7 +58,7 @@ def read_contributors(reader: Reader, parties: Sequence[PartyId], limit: int) ->
     bits = np.unpackbits(packed)
     if bits[len(order):].any():
         raise WireError("contributor bitmap sets padding bits")
-    contributors = tuple(order[i] for i in np.flatnonzero(bits[: len(order)]))
+    contributors = tuple(map(order.__getitem__, np.flatnonzero(bits[: len(order)]).tolist()))
     if not 1 <= len(contributors) <= limit:
         raise WireError(f"an aggregate of {len(contributors)} contributors is not possible here")
     if _list_is_shorter(len(contributors), len(order)):

@@ -83,10 +83,7 @@ def _read_ids(reader: Reader, allowed: frozenset[PartyId], *, limit: int) -> tup
 
 
 def _write_ids(writer: Writer, ids: Sequence[PartyId]) -> Writer:
-    writer.u32(len(ids))
-    for pid in ids:
-        writer.u32(pid)
-    return writer
+    return writer.u32(len(ids)).raw(struct.pack(f">{len(ids)}I", *ids))
 
 
 @dataclass(frozen=True)
@@ -194,10 +191,7 @@ class SealedShares:
     entries: tuple[tuple[PartyId, bytes], ...]
 
     def to_bytes(self) -> bytes:
-        writer = Writer().u32(len(self.entries))
-        for pid, sealed in self.entries:
-            writer.u32(pid).raw(sealed)
-        return writer.finish()
+        return b"".join([_U32.pack(len(self.entries)), *(_U32.pack(pid) + sealed for pid, sealed in self.entries)])
 
     @classmethod
     def from_bytes(cls, data: bytes, *, parties: frozenset[PartyId]) -> SealedShares:
@@ -263,27 +257,25 @@ class UnmaskResponse:
     key_shares: tuple[int, ...]
 
     def to_bytes(self) -> bytes:
-        writer = Writer().u32(len(self.self_mask_shares))
-        for y in self.self_mask_shares:
-            writer.raw(shamir.share_to_bytes(y))
-        writer.u32(len(self.key_shares))
-        for y in self.key_shares:
-            writer.raw(shamir.share_to_bytes(y))
-        return writer.finish()
+        return b"".join([_U32.pack(len(self.self_mask_shares)), *map(shamir.share_to_bytes, self.self_mask_shares),
+                         _U32.pack(len(self.key_shares)), *map(shamir.share_to_bytes, self.key_shares)])
 
     @classmethod
     def from_bytes(cls, data: bytes, request: UnmaskRequest) -> UnmaskResponse:
         reader = Reader(data)
         lists = []
+        size = shamir.SHARE_BYTES
         for expected in (len(request.survivors), len(request.dropped)):
             if reader.u32() != expected:
                 raise WireError("the response does not answer the request")
-            lists.append(tuple(shamir.share_from_bytes(reader.raw(shamir.SHARE_BYTES)) for _ in range(expected)))
+            block = reader.raw(expected * size)  # fixed-size shares, sliced out of one checked block
+            lists.append(tuple(shamir.share_from_bytes(block[o : o + size]) for o in range(0, len(block), size)))
         reader.end()
         return cls(lists[0], lists[1])
 
 
 _MASKED_HEADER = struct.Struct(">BI")
+_U32 = struct.Struct(">I")
 
 
 def masked_to_bytes(words: Words) -> bytes:

@@ -24,6 +24,7 @@ observable by the parties that see shares.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -135,9 +136,10 @@ def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     _check_xs(xs, WireError)
     p = PRIME
     count = len(xs)
-    numerator = _product(xs)
+    exact = _exact(xs)
+    numerator = _product(xs, exact)
     # c_i = prod_{j != i} x_j / (x_j - x_i) = (numerator / x_i) / prod_{j != i} (x_j - x_i)
-    denominators = [_product([xi, *(xj - xi for xj in xs if xj != xi)]) for xi in xs]
+    denominators = [_product([xi, *[xj - xi for xj in xs if xj != xi]], exact) for xi in xs]
     # One inversion for all denominators (Montgomery's trick).
     prefix = [1] * (count + 1)
     for i, d in enumerate(denominators):
@@ -198,15 +200,17 @@ _EXACT_BITS: Final = 4096
 """Products of factors this small in total are formed exactly and reduced once."""
 
 
-def _product(factors: Sequence[int]) -> int:
-    """``prod(factors) mod p``. Party x-coordinates and their differences are small: their
-    product over the integers (a few hundred bits) and one reduction cost far less than a
-    reduction per factor; large factors are reduced as they go."""
-    if sum(abs(f).bit_length() for f in factors) <= _EXACT_BITS:
-        product = 1
-        for f in factors:
-            product *= f
-        return product % PRIME
+def _exact(xs: Sequence[int]) -> bool:
+    """Whether products of up to ``len(xs)`` of the x-coordinates (or their differences) stay
+    below :data:`_EXACT_BITS` bits: party ids make a few hundred."""
+    return max(xs).bit_length() * len(xs) <= _EXACT_BITS
+
+
+def _product(factors: Sequence[int], exact: bool) -> int:
+    """``prod(factors) mod p``: over the integers and reduced once when ``exact`` (small
+    factors: far cheaper than a reduction per factor), else reduced as it goes."""
+    if exact:
+        return math.prod(factors) % PRIME
     product = 1
     for f in factors:
         product = product * f % PRIME
@@ -229,7 +233,8 @@ def _batch_inverse(values: Sequence[int]) -> list[int]:
 @lru_cache(maxsize=256)
 def _barycentric(xs: tuple[int, ...]) -> tuple[int, ...]:
     """``u_i = 1 / prod_{j != i} (x_i - x_j)``."""
-    return tuple(_batch_inverse([_product([xi - xj for xj in xs if xj != xi]) for xi in xs]))
+    exact = _exact(xs)
+    return tuple(_batch_inverse([_product([xi - xj for xj in xs if xj != xi], exact) for xi in xs]))
 
 
 class ShareChecker:
@@ -259,7 +264,7 @@ class ShareChecker:
             lambdas = self._lambdas[:checks]
             p = PRIME
             out = []
-            exact = checks * max(xs).bit_length() <= _EXACT_BITS  # small x: reduce once, at the end
+            exact = _exact(xs)  # small x: Horner over the integers, reduced once at the end
             for x, u in zip(xs, _barycentric(xs)):
                 acc = 0
                 for lam in reversed(lambdas):  # sum_j lambda_j x^j by Horner
