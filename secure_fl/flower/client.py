@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -93,7 +93,7 @@ class _RunParts:
 class NodeHost:
     """Builds client nodes of runs in this process (the data of a run is loaded once per process)."""
 
-    _runs: dict[tuple[bytes, str], _RunParts] = {}
+    _runs: ClassVar[dict[tuple[bytes, str], _RunParts]] = {}
     _lock = threading.Lock()
 
     @classmethod

@@ -33,7 +33,13 @@ from secure_fl.config import RunConfig
 from secure_fl.data import Dataset
 from secure_fl.losses import make_loss
 from secure_fl.privacy import RUN, formal_guarantees
-from secure_fl.runtime.build import held_out, initial_model, local_training, prepare_partition, statistics_plan
+from secure_fl.runtime.build import (
+    held_out,
+    initial_model,
+    local_training,
+    prepare_partition,
+    statistics_plan,
+)
 from secure_fl.runtime.messages import run_digest
 from secure_fl.runtime.mitigation import mitigated_selection, run_privacy
 from secure_fl.runtime.rng import Seeds

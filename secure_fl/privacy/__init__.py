@@ -31,7 +31,15 @@ from .accounting import (
     rdp_to_dp,
 )
 from .distributed import DistributedDP, Level, NoisyRelease, NoisySum, PrivacyBudgetError
-from .ledger import MODEL, RUN, Guarantee, PrivacyLedger, Release, composition_delta, formal_guarantees
+from .ledger import (
+    MODEL,
+    RUN,
+    Guarantee,
+    PrivacyLedger,
+    Release,
+    composition_delta,
+    formal_guarantees,
+)
 from .sources import CryptoRandom, InsecureRandomWarning, RandomSource, SeededRandom, random_source
 
 __all__ = [
@@ -59,9 +67,9 @@ __all__ = [
     "Sensitivity",
     "SkellamMechanism",
     "calibrate_sigma",
+    "composition_delta",
     "create_mechanism",
     "empirical_check",
-    "composition_delta",
     "formal_guarantees",
     "random_source",
     "rdp_to_dp",

@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from protocols import Directory, Identity, Message, PolicyError, ProtocolError, StageError, SumRequest, WireError
+from protocols import (
+    Directory,
+    Identity,
+    Message,
+    PolicyError,
+    ProtocolError,
+    StageError,
+    SumRequest,
+    WireError,
+)
 from secure_fl.algorithms import (
     ClientContext,
     ClientData,

@@ -139,8 +139,8 @@ def test_statistics_tables_accept_what_the_run_sums() -> None:
 
 @pytest.mark.parametrize("tables", [
     "[privacy.statistics]\ntotal_samples = { epsilon = 1.0 }\n",  # the default protocol is plain
-    "[secure]\nprotocol = 'masking'\n[secure.statistics]\ntotal_samples = 'plain'\n"
-    "[privacy.statistics]\ndefault = { epsilon = 1.0 }\n",
+    ("[secure]\nprotocol = 'masking'\n[secure.statistics]\ntotal_samples = 'plain'\n"
+     "[privacy.statistics]\ndefault = { epsilon = 1.0 }\n"),
     "[secure]\nprotocol = 'masking'\n[mitigation]\nname = 'dp'\n",  # updates in the clear
     "[secure]\nupdate_protocol = 'masking'\n[mitigation]\nname = 'dp'\n",  # statistics through plain
 ])
