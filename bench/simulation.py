@@ -19,7 +19,7 @@ Prints one JSON object: {"case": "simulation", "ours": s, "peer": s, "ratio": ou
 on the CPU.
 
     PYTHONPATH=. python bench/simulation.py [--device auto|cpu|cuda] [--repeats 3] [--threads auto|N]
-        [--clients 100] [--no-loop]
+        [--clients 100] [--no-loop] [--profile]
 
 Every side runs with the same intra-op thread count (``auto``: half the cores, i.e. one on a
 2-core machine, where small-batch MLP steps are latency-bound).
@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", type=int, default=NUM_CLIENTS, help="clients (all take part in every round)")
     parser.add_argument("--no-loop", action="store_true", help="time only the default (vectorised) path")
+    parser.add_argument("--profile", action="store_true",
+                        help="after timing, profile one more round of each path (cProfile, to stderr)")
     parser.add_argument("--threads", default="auto",
                         help="torch intra-op threads for both sides: auto (half the cores) or a number")
     args = parser.parse_args()
@@ -104,7 +106,7 @@ def main() -> None:
     dataset = load_dataset("fashion-mnist")
 
     paths = ["vectorised"] if args.no_loop else ["vectorised", "loop"]
-    sims = {path: make_simulation(dataset, device, rounds=args.repeats + 1, path=path, num_clients=args.clients)
+    sims = {path: make_simulation(dataset, device, rounds=args.repeats + 2, path=path, num_clients=args.clients)
             for path in paths}
     model = build_model("mlp", input_shape=dataset.input_shape, num_classes=dataset.num_classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=TRAINING.lr, momentum=TRAINING.momentum,
@@ -130,7 +132,28 @@ def main() -> None:
         out.update({"loop": round(med["loop"], 4), "loop_ratio": round(med["loop"] / med["peer"], 4),
                     "speedup": round(med["loop"] / med["vectorised"], 4),
                     "loop_all": [round(v, 4) for v in times["loop"][1:]]})
+    if args.profile:
+        for path, sim in sims.items():
+            _profiled(path, device, sim.run_round)
     print(json.dumps(out))
+
+
+def _profiled(name: str, device: torch.device, fn: Callable[[], object]) -> None:
+    """Where one round's time goes (device work is waited for at the end, inside the profile)."""
+    import cProfile
+    import io
+    import pstats
+    import sys
+
+    profile = cProfile.Profile()
+    profile.enable()
+    fn()
+    _sync(device)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(45)
+    print(f"--- profile: one {name} round on {device} ---\n{text.getvalue()}", file=sys.stderr)
 
 
 def _timed(device: torch.device, fn: Callable[[], object]) -> float:

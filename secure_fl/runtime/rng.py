@@ -56,13 +56,16 @@ class Seeds:
         initialisers, dropout layers); the caller's global state is left untouched.
         """
         seed = self.integer(stream, *keys)
+        # Only the generators that this scope forks are seeded: torch.manual_seed would also queue
+        # lazy seeding of every other accelerator backend, each with a formatted stack trace
+        # (~0.5 ms a call on the CPU, ~0.4 ms on a CUDA machine, paid per client per round).
         if device is not None and device.type == "cuda":
-            with torch.random.fork_rng(devices=[device]):
-                torch.manual_seed(seed)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            with torch.random.fork_rng(devices=[index]):
+                torch.default_generator.manual_seed(seed)
+                torch.cuda.default_generators[index].manual_seed(seed)
                 yield
             return
-        # On the CPU only the default generator matters; torch.manual_seed would also queue lazy
-        # seeding of every accelerator backend (~0.5 ms a call, paid per client per round).
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
             yield

@@ -118,6 +118,21 @@ def test_torch_global_scope_restores_the_callers_generator() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_global_scope_on_cuda_seeds_as_manual_seed_and_restores() -> None:
+    cuda = torch.device("cuda")
+    seeds = Seeds(1)
+    torch.manual_seed(seeds.integer("client", 3, 4))
+    reference = (torch.rand(3), torch.rand(3, device=cuda))
+    torch.manual_seed(123)
+    expected = (torch.rand(3), torch.rand(3, device=cuda))
+    torch.manual_seed(123)
+    with seeds.torch_global("client", 3, 4, device=cuda):
+        inside = (torch.rand(3), torch.rand(3, device=cuda))
+    assert all(torch.equal(a, b) for a, b in zip(inside, reference))  # the streams torch.manual_seed gives
+    assert all(torch.equal(a, b) for a, b in zip((torch.rand(3), torch.rand(3, device=cuda)), expected))
+
+
 def test_flat_layout_round_trip_includes_float_buffers() -> None:
     model = build_model("lenet5", input_shape=(1, 28, 28), num_classes=10)
     model.add_module("bn", torch.nn.BatchNorm1d(3))
