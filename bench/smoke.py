@@ -13,8 +13,11 @@ The configs are truncated to ``R`` rounds to fit a session; both sides read the 
 accuracy is reported too, so a reader sees that both ran the same experiment (the client pool
 agrees with the loop per round to float tolerance, not bit for bit).
 
-    PYTHONPATH=. python bench/smoke.py [--baseline 44648f2] [--repeats 2] [--threads 1]
-        [--config experiments/climb/smoke.toml:8 --config experiments/ratio_loss/smoke.toml:6]
+    PYTHONPATH=. python bench/smoke.py [--baseline 44648f2 | --baseline-tree DIR] [--repeats 2]
+        [--threads 1] [--device auto] [--config experiments/climb/smoke.toml:8 ...]
+
+``--baseline-tree`` takes a tree extracted beforehand (``git archive 44648f2 | tar -x -C DIR``),
+for a machine that has the working tree but not the repository (a lent GPU: bench/gpu.sh).
 
 Prints one JSON object: {"case": "smoke", "baseline": ..., "configs": [{"config", "rounds",
 "before_s", "after_s", "speedup", "before_all", "after_all", "accuracy": {...}}], ...}.
@@ -48,11 +51,13 @@ def extract(commit: str, into: Path) -> Path:
     return into
 
 
-def run_once(tree: Path, config: Path, rounds: int, threads: str, workspace: Path) -> tuple[float, dict[str, Any]]:
+def run_once(tree: Path, config: Path, rounds: int, threads: str, workspace: Path, device: str,
+             ) -> tuple[float, dict[str, Any]]:
     """Wall seconds of one ``secure-fl run`` of ``config`` on ``tree``, and its JSON output."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(tree) + (os.pathsep + path if path else "")}
     command = [sys.executable, "-m", "secure_fl", "run", str(config), "--set", f"train.rounds={rounds}",
-               "--workspace", str(workspace), "--threads", threads, "--no-progress", "--json"]
+               "--workspace", str(workspace), "--threads", threads, "--device", device, "--no-progress", "--json"]
     start = time.perf_counter()
     done = subprocess.run(command, check=False, cwd=tree, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -70,6 +75,9 @@ def final_accuracies(output: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default=BASELINE, help="the 'before' commit")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="the 'before' tree, extracted beforehand (instead of git archive)")
+    parser.add_argument("--device", default="auto", help="--device for both sides (auto: CUDA when present)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side per config")
     parser.add_argument("--threads", default="1", help="--threads for both sides")
     parser.add_argument("--config", action="append", metavar="PATH:ROUNDS",
@@ -80,7 +88,8 @@ def main() -> None:
         path, _, rounds = item.rpartition(":")
         configs.append((path, int(rounds)))
     with tempfile.TemporaryDirectory(prefix="smoke-bench-") as scratch:
-        before = extract(args.baseline, Path(scratch) / "before")
+        before = args.baseline_tree.resolve() if args.baseline_tree else extract(args.baseline,
+                                                                                  Path(scratch) / "before")
         trees = {"before": before, "after": ROOT}
         results = []
         for path, rounds in configs:
@@ -93,14 +102,15 @@ def main() -> None:
                 order = ["before", "after"] if repeat % 2 == 0 else ["after", "before"]
                 for side in order:
                     workspace = Path(scratch) / f"ws-{side}-{repeat}-{Path(path).parent.name}"
-                    seconds, output = run_once(trees[side], config, rounds, args.threads, workspace)
+                    seconds, output = run_once(trees[side], config, rounds, args.threads, workspace, args.device)
                     times[side].append(round(seconds, 2))
                     accuracy[side] = final_accuracies(output)
             med = {side: statistics.median(values) for side, values in times.items()}
             results.append({"config": path, "rounds": rounds, "before_s": med["before"], "after_s": med["after"],
                             "speedup": round(med["before"] / med["after"], 3), "before_all": times["before"],
                             "after_all": times["after"], "accuracy": accuracy})
-    print(json.dumps({"case": "smoke", "baseline": args.baseline, "threads": args.threads,
+    print(json.dumps({"case": "smoke", "baseline": str(args.baseline_tree or args.baseline), "threads": args.threads,
+                      "device": args.device,
                       "load_average": [round(v, 2) for v in os.getloadavg()], "configs": results}))
 
 
