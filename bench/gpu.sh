@@ -6,9 +6,10 @@
 #   smoke       the 100-client smoke configs end to end, this tree against the tree before the
 #               client pool (bench/smoke.py, both sides on the GPU).
 #   bash bench/gpu.sh [tests] [simulation] [smoke]      (no argument: all three)
-# Expects, in the repository root (ignored by git, carried with the call): .gpu/whl (wheels of the
-# protocol layer's packages for the machine's Python), .gpu/fmnist (Fashion-MNIST's idx files) and,
-# for smoke, .gpu/before (git archive 44648f2 | tar -x -C .gpu/before). Results land in $OUT.
+# Expects .gpu/ in the repository root (ignored by git; bench/gpu_prepare.sh fills it here, the
+# device call carries it): .gpu/whl (wheels of the protocol layer's packages for the machine's
+# Python), .gpu/fmnist (Fashion-MNIST's idx files) and, for smoke, .gpu/before (the tree of
+# 44648f2). Results land in $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
