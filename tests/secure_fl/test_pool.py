@@ -130,10 +130,17 @@ def test_clients_on_different_learning_rates_match_the_loop(digits: Any, nestero
             lr=[0.05 * 0.5 ** (i % 3) for i in range(len(clients))])
 
 
-def test_clients_sliced_from_one_tensor_train_like_separate_ones(digits: Any) -> None:
-    """Row slices of one tensor (``client_data``'s layout) take the one-gather path; copies the per-client one."""
+@pytest.mark.parametrize("norm", [False, True])
+def test_clients_sliced_from_one_tensor_train_like_separate_ones(digits: Any, norm: bool) -> None:
+    """Row slices of one tensor (``client_data``'s layout) take the one-gather path; copies the
+    per-client one. With BatchNorm, batches of one width train as a group that need not be a
+    prefix of the cohort (the gather's indexed path)."""
     torch.manual_seed(0)
-    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,)).to(DEVICE)
+    if norm:
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16),
+                                    torch.nn.ReLU(), torch.nn.Linear(16, 10)).to(DEVICE)
+    else:
+        model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,)).to(DEVICE)
     trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("ce"))
     separate = clients_of(digits)
     whole_x = torch.cat([c.x for c in separate])
