@@ -376,17 +376,17 @@ class _Gather:
         self.rows = _rows_of_one_tensor(xs)
 
     def __call__(self, group: Sequence[int], index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        width = index.shape[-1]
-        out = self.buffer[: len(group) * width].view(len(group), width, *self.buffer.shape[1:])
-        chosen = index[list(group)]
+        width, members = index.shape[-1], list(group)
+        out = self.buffer[: len(members) * width].view(len(members), width, *self.buffer.shape[1:])
+        chosen = index[members]
         if self.rows is not None:
             base, first = self.rows
-            torch.index_select(base, 0, (chosen + first[list(group)].unsqueeze(-1)).view(-1), out=out.view(
-                -1, *self.buffer.shape[1:]))
+            torch.index_select(base, 0, (chosen + first[members].unsqueeze(-1)).view(-1),
+                               out=out.view(-1, *self.buffer.shape[1:]))
         else:
-            for j, k in enumerate(group):
+            for j, k in enumerate(members):
                 torch.index_select(self.xs[k], 0, index[k], out=out[j])
-        return out, self.y_all[chosen + self.offsets[list(group)].unsqueeze(-1)]
+        return out, self.y_all[chosen + self.offsets[members].unsqueeze(-1)]
 
 
 def _rows_of_one_tensor(xs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
