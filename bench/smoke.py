@@ -8,8 +8,10 @@ whole command: start-up, data, every run of the config, evaluation, the run tabl
 interpreter, the same thread count and a fresh workspace; the two sides alternate, the first side
 swapping each repeat, and the medians of the wall times are reported.
 
-The configs are truncated to ``R`` rounds to fit a session; both sides read the same config file
-(this tree's copy, which must equal the baseline's: the script checks). Each side's final
+The configs are truncated to ``R`` rounds to fit a session; each side reads its own tree's copy
+of the config, and the script checks that they describe the same experiment: equal in every
+setting except the names under ``[secure.statistics]``, which must map to the same protocols
+(CLIMB's f̄ and λ̄ became one statistic, ``climb_dual``, on 2026-11-26). Each side's final
 accuracy is reported too, so a reader sees that both ran the same experiment (the client pool
 agrees with the loop per round to float tolerance, not bit for bit).
 
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,16 @@ def run_once(tree: Path, config: Path, rounds: int, threads: str, workspace: Pat
     return seconds, json.loads(done.stdout)
 
 
+def same_experiment(before: Path, after: Path) -> bool:
+    """Whether two copies of a config describe the same experiment (see the module docstring)."""
+    def split(path: Path) -> tuple[dict[str, Any], set[str]]:
+        config = tomllib.loads(path.read_text())
+        statistics_ = config.get("secure", {}).pop("statistics", {})
+        return config, set(statistics_.values())
+
+    return split(before) == split(after)
+
+
 def final_accuracies(output: dict[str, Any]) -> dict[str, float]:
     """Each run's final accuracy from ``secure-fl run --json`` ("method/loss" -> accuracy)."""
     return {f"{run['method']}/{run['loss']}": round(float(run["final"]["accuracy"]), 4)
@@ -93,16 +106,16 @@ def main() -> None:
         trees = {"before": before, "after": ROOT}
         results = []
         for path, rounds in configs:
-            if (before / path).read_bytes() != (ROOT / path).read_bytes():
+            if not same_experiment(before / path, ROOT / path):
                 raise SystemExit(f"{path} differs between {args.baseline} and this tree: not the same experiment")
-            config = ROOT / path
             times: dict[str, list[float]] = {"before": [], "after": []}
             accuracy: dict[str, dict[str, float]] = {}
             for repeat in range(args.repeats):
                 order = ["before", "after"] if repeat % 2 == 0 else ["after", "before"]
                 for side in order:
                     workspace = Path(scratch) / f"ws-{side}-{repeat}-{Path(path).parent.name}"
-                    seconds, output = run_once(trees[side], config, rounds, args.threads, workspace, args.device)
+                    seconds, output = run_once(trees[side], trees[side] / path, rounds, args.threads, workspace,
+                                               args.device)
                     times[side].append(round(seconds, 2))
                     accuracy[side] = final_accuracies(output)
             med = {side: statistics.median(values) for side, values in times.items()}

@@ -206,23 +206,22 @@ class FedShiftPrior(_Statistics):
 
 
 class ClimbAverages(_Statistics):
-    """CLIMB's per-round averages at a dual round: Σ λ_i (for λ̄ in the update weights) and
-    Σ f_i (the mean loss of the dual step), both scalars over the round's clients."""
+    """CLIMB's averages at a dual round: (Σ f_i, Σ λ_i) in one sum over the round's clients
+    (f̄ for the dual step, λ̄ for the update weights)."""
 
     def requests(self, clients: int) -> list[tuple[StatisticDeclaration, Inputs]]:
-        from secure_fl.algorithms.climb import ClimbParams, lambda_declaration, loss_declaration
+        from secure_fl.algorithms.climb import ClimbParams, dual_declaration
 
         params = ClimbParams()
         rng = np.random.default_rng(11)
-        lambdas = {pid: rng.uniform(0.0, params.lambda_max, 1) for pid in range(clients)}
-        losses = {pid: rng.uniform(0.0, 3.0, 1) for pid in range(clients)}
-        return [(lambda_declaration(params), lambdas), (loss_declaration(params), losses)]
+        pairs = {pid: np.array([rng.uniform(0.0, 3.0), rng.uniform(0.0, params.lambda_max)]) for pid in range(clients)}
+        return [(dual_declaration(params), pairs)]
 
     def time_dual_round(self, *args: Any) -> None:
         self._request_all()
 
     def track_dual_round_bytes(self, *args: Any) -> int:
-        """Bytes of both sums of one dual round."""
+        """Bytes of the one sum of a dual round."""
         return self._request_all()
 
     track_dual_round_bytes.unit = "bytes"  # type: ignore[attr-defined]

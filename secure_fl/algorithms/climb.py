@@ -9,13 +9,17 @@ The constrained problem ``min f̄(θ) s.t. f_i(θ) − f̄(θ) ≤ ε ∀i`` is 
   with ``s = dual_lr / N`` (``dual_scaling = "num_clients"``, as the authors' code does) or
   ``s = dual_lr`` (``"none"``, the paper's literal step).
 
-Who knows what (Remark 3.1). λ_i and f_i never leave client i. Two scalars are global, each a
-declared secure sum over the round's clients through the configured protocol:
+Who knows what (Remark 3.1). λ_i and f_i never leave client i. Two scalars are global, summed
+over the round's clients through the configured protocol as one of two declared statistics:
 
-``climb_loss`` (:data:`LOSS_SUM`)
-    Σ f_i(θ) at a dual round: clients learn it (they need f̄ for their own dual step).
+``climb_dual`` (:data:`DUAL_SUM`)
+    (Σ f_i(θ), Σ λ_i) at a dual round, one secure sum of a 2-vector: clients learn it (they need
+    f̄ for their own dual step and λ̄ to weight their own update). Both are known to each client
+    before the round's update is summed, so one sum — one protocol run, one key agreement — gives
+    both; two sums would release exactly the same to the same parties at twice the cost.
 ``climb_lambda`` (:data:`LAMBDA_SUM`)
-    Σ λ_i: clients learn it (they need λ̄ to weight their own update).
+    Σ λ_i alone, at a primal round whose cohort differs from the last λ̄'s (partial
+    participation with ``primal_steps > 1``): clients learn it.
 
 The server needs neither; with ``server_learns = true`` (the default) it learns the two
 aggregates as well, because pairwise masking unmasks every sum at the server. ``false``
@@ -28,14 +32,15 @@ Schedule (identical to the authors' ``ImbalanceFL.step``). Round t is a *dual ro
 ``t % primal_steps == 0``. In a dual round each participating client
 
 1. applies its pending dual step — with f_i measured at its previous dual round r and the
-   f̄_r it learned from that round's ``climb_loss`` sum;
+   f̄_r it learned from that round's ``climb_dual`` sum;
 2. measures f_i(θ^t) — its mean loss (the run's training loss) under the broadcast model, on
    its own training data, before local training — and keeps it pending;
 3. trains as in FedAvg.
 
-Then λ̄ is summed (whenever a λ_i may have changed or the round's clients differ from the last
-λ̄ sum's), each client scales its update by w_i, the scaled updates are averaged with weights
-|D_i| (as FedAvg, so λ = 0 gives FedAvg exactly), and at a dual round f̄ is summed. So the
+Then, at a dual round, f̄ and λ̄ are summed together (``climb_dual``); at a primal round λ̄ is
+summed alone when a λ_i may have changed and the round's clients differ from the last λ̄'s. Each
+client scales its update by w_i and the scaled updates are averaged with weights |D_i| (as
+FedAvg, so λ = 0 gives FedAvg exactly). So the
 weights of block k use λ stepped with the losses at the start of block k − 1, as in the
 authors' code (the paper's Algorithm 1 writes f(θ^{t+1}); the authors evaluate the losses
 before the primal step, which needs no extra round trip).
@@ -53,7 +58,8 @@ pending loss and the f̄ and λ̄ it learned in its own state, and scales its ow
 ``w_i |D_i| / Σ|D_j|``. The values involved reach the server only through the two declared
 secure sums and the secure update sum. When the server reuses λ̄ (same cohort as its last λ
 sum, no dual round since), every member of the cohort learned that λ̄ from that sum and uses
-it; before the first dual step every λ_i is the public initial 0, so λ̄ = 0 without a sum.
+it; until a second dual round has started every λ_i is the public initial 0, so λ̄ = 0 without
+a sum.
 """
 
 from __future__ import annotations
@@ -80,25 +86,24 @@ from secure_fl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from secure_fl.stats import Learned, StatisticDeclaration
 
 __all__ = [
+    "DUAL_SUM",
     "LAMBDA_SUM",
-    "LOSS_SUM",
     "Climb",
     "ClimbClient",
     "ClimbParams",
     "ClimbServer",
     "client_loss",
     "climb_weight",
+    "dual_declaration",
     "dual_step",
     "lambda_declaration",
-    "loss_declaration",
 ]
 
-LOSS_SUM = "climb_loss"
+DUAL_SUM = "climb_dual"
 LAMBDA_SUM = "climb_lambda"
 _LOSS = "climb_loss"
-_LAMBDA = "climb_lambda"
 FRAC_BITS = 24
-"""Fixed-point precision of both sums (quantisation 6e-8 per client; scalars, so cheap)."""
+"""Fixed-point precision of both statistics (quantisation 6e-8 per client per entry; cheap)."""
 DualScaling = Literal["num_clients", "none"]
 
 
@@ -117,7 +122,7 @@ class ClimbParams(FedAvgParams):
     primal_steps: int = 5
     """FedAvg rounds per dual step (the authors' default 5)."""
     loss_bound: float = 20.0
-    """Public bound of one client's f_i in the ``climb_loss`` sum; larger losses are clipped
+    """Public bound of one client's f_i in the ``climb_dual`` sum; larger losses are clipped
     (and counted in the run's statistic records) — the client uses the clipped value too."""
     server_learns: bool = True
     """Whether f̄ and λ̄ are declared as learned by the server too (masking requires it)."""
@@ -145,21 +150,26 @@ def _learners(server: bool) -> frozenset[str]:
     return frozenset({"server", "clients"}) if server else frozenset({"clients"})
 
 
-def loss_declaration(params: ClimbParams) -> StatisticDeclaration:
-    """Σ f_i over a dual round's clients; the clients divide by their (public) count for f̄."""
+def dual_declaration(params: ClimbParams) -> StatisticDeclaration:
+    """(Σ f_i, Σ λ_i) over a dual round's clients; the clients divide by their (public) count.
+
+    One public bound covers both entries: ``max(loss_bound, lambda_max)``. λ_i never exceeds
+    ``lambda_max``, so clipping can only touch a loss above ``loss_bound``, as before."""
     return StatisticDeclaration(
-        name=LOSS_SUM, length=1, bound=float(params.loss_bound), kind="float", learners=_learners(params.server_learns),
-        per_round=True, frac_bits=FRAC_BITS, clip=True,
+        name=DUAL_SUM, length=2, bound=float(max(params.loss_bound, params.lambda_max)), kind="float",
+        learners=_learners(params.server_learns), per_round=True, frac_bits=FRAC_BITS, clip=True,
         description=(
-            "CLIMB: sum of the clients' mean training losses f_i under the broadcast model, at each dual "
-            f"round. Each f_i is clipped to [0, {params.loss_bound:g}] (clips counted). Clients learn it "
-            "for their own dual step; the server learns it only where the protocol releases sums through it."
+            "CLIMB, at each dual round: the sum of the clients' mean training losses f_i under the broadcast "
+            f"model (each clipped to [0, {params.loss_bound:g}], clips counted) and the sum of their dual "
+            f"variables λ_i ∈ [0, {params.lambda_max:g}], in one secure sum. Clients learn it for their own "
+            "dual step and to weight their own update by 1 + λ_i − λ̄; the server learns it only where the "
+            "protocol releases sums through it."
         ),
     )
 
 
 def lambda_declaration(params: ClimbParams) -> StatisticDeclaration:
-    """Σ λ_i over a round's clients; the clients divide by their (public) count for λ̄."""
+    """Σ λ_i over a primal round's clients (a new cohort); the clients divide by their count."""
     return StatisticDeclaration(
         name=LAMBDA_SUM, length=1, bound=float(params.lambda_max), kind="float",
         learners=_learners(params.server_learns), per_round=True, frac_bits=FRAC_BITS,
@@ -198,10 +208,10 @@ class ClimbServer(FedAvgServer):
 
     def __init__(self, params: ClimbParams, info: RunInfo) -> None:
         super().__init__(params, info)
-        self._loss = loss_declaration(params)
+        self._dual = dual_declaration(params)
         self._lambda = lambda_declaration(params)
         self.dual_rounds: list[int] = []
-        """Rounds whose loss sum was taken (public: the server opened them)."""
+        """Rounds whose dual sum was taken (public: the server opened them)."""
         self.loss_means: dict[int, float] = {}
         """f̄ of each dual round, where the server learns it (``server_learns``)."""
         self.lambda_mean: float | None = None
@@ -209,26 +219,34 @@ class ClimbServer(FedAvgServer):
         self.lambda_clients: tuple[int, ...] | None = None
         """The cohort of the last λ̄ (a sum, or the public 0 before any dual step)."""
 
-    def _mean(self, ctx: ServerRound, declaration: StatisticDeclaration) -> float | None:
+    @staticmethod
+    def _means(ctx: ServerRound, declaration: StatisticDeclaration) -> np.ndarray | None:
         release = ctx.request(declaration)
         if release.value is None:
             return None
-        return release.scalar() / max(len(release.contributors), 1)
+        return np.asarray(release.value, dtype=np.float64).reshape(-1) / max(len(release.contributors), 1)
+
+    def _lambda_may_have_moved(self) -> bool:
+        """At a primal round: whether a client can have taken a dual step. The first step is at a
+        client's second dual round (it needs the f̄ of its first), so not before two dual rounds."""
+        return len(self.dual_rounds) >= 2
 
     def aggregate(self, ctx: ServerRound) -> torch.Tensor:
-        dual = is_dual_round(self.params, ctx.round)
-        if not any(r < ctx.round for r in self.dual_rounds):
+        if is_dual_round(self.params, ctx.round):
+            means = self._means(ctx, self._dual)
+            self.dual_rounds.append(ctx.round)
+            self.lambda_mean = None if means is None else float(means[1])
+            self.lambda_clients = ctx.cohort
+            if means is not None:
+                self.loss_means[ctx.round] = float(means[0])
+                ctx.metrics["loss_mean"] = float(means[0])
+        elif not self._lambda_may_have_moved():
             # no dual step can have happened yet: every λ_i is still the public initial 0
             self.lambda_mean, self.lambda_clients = 0.0, ctx.cohort
-        elif self.lambda_clients is None or dual or ctx.cohort != self.lambda_clients:
-            self.lambda_mean, self.lambda_clients = self._mean(ctx, self._lambda), ctx.cohort
+        elif self.lambda_clients is None or ctx.cohort != self.lambda_clients:
+            means = self._means(ctx, self._lambda)
+            self.lambda_mean, self.lambda_clients = None if means is None else float(means[0]), ctx.cohort
         mean = ctx.weighted_mean()
-        if dual:
-            loss_mean = self._mean(ctx, self._loss)
-            self.dual_rounds.append(ctx.round)
-            if loss_mean is not None:
-                self.loss_means[ctx.round] = loss_mean
-                ctx.metrics["loss_mean"] = loss_mean
         if self.lambda_mean is not None and self.params.server_learns:
             ctx.metrics["lambda_mean"] = self.lambda_mean
         return self.step(ctx, mean)
@@ -266,14 +284,19 @@ class ClimbClient(FedAvgClient):
 
     def __init__(self, params: ClimbParams, info: RunInfo) -> None:
         super().__init__(params, info)
-        self.sources[LOSS_SUM] = lambda ctx: self._extra(ctx, _LOSS)
-        self.sources[LAMBDA_SUM] = lambda ctx: np.array([float(ctx.state.get(LAMBDA_STATE, 0.0))])
+        self.sources[DUAL_SUM] = lambda ctx: torch.cat([self._extra(ctx, _LOSS).reshape(1),
+                                                        torch.tensor([self._lambda(ctx)], dtype=torch.float64)])
+        self.sources[LAMBDA_SUM] = lambda ctx: np.array([self._lambda(ctx)])
 
     def declarations(self) -> dict[str, StatisticDeclaration]:
         out = super().declarations()
-        out[LOSS_SUM] = loss_declaration(self.params)
+        out[DUAL_SUM] = dual_declaration(self.params)
         out[LAMBDA_SUM] = lambda_declaration(self.params)
         return out
+
+    @staticmethod
+    def _lambda(ctx: ContributionContext) -> float:
+        return float(ctx.state.get(LAMBDA_STATE, 0.0))
 
     @staticmethod
     def _extra(ctx: ContributionContext, name: str) -> torch.Tensor:
@@ -302,10 +325,12 @@ class ClimbClient(FedAvgClient):
                            steps=result.steps, loss=result.loss, extras=extras)
 
     def learned(self, learned: Learned, ctx: ClientState) -> None:
-        if learned.name == LOSS_SUM:
-            ctx.state[LOSS_MEAN_STATE] = (learned.round, learned.mean())
+        means = learned.value.reshape(-1) / max(len(learned.contributors), 1)
+        if learned.name == DUAL_SUM:
+            ctx.state[LOSS_MEAN_STATE] = (learned.round, float(means[0]))
+            ctx.state[LAMBDA_MEAN_STATE] = float(means[1])
         elif learned.name == LAMBDA_SUM:
-            ctx.state[LAMBDA_MEAN_STATE] = learned.mean()
+            ctx.state[LAMBDA_MEAN_STATE] = float(means[0])
 
     def scaled_update(self, ctx: ContributionContext) -> torch.Tensor:
         """(w_i Δ_i) · |D_i| / Σ|D_j|, with λ̄ learned this round, or the last one learned (0 before any)."""
@@ -313,10 +338,16 @@ class ClimbClient(FedAvgClient):
             from protocols import PolicyError
 
             raise PolicyError("asked for a model update before this client trained in this round")
-        this_round = ctx.learned.get(LAMBDA_SUM)
-        mean = this_round.mean() if this_round is not None else float(ctx.state.get(LAMBDA_MEAN_STATE, 0.0))
-        weight = climb_weight(float(ctx.state.get(LAMBDA_STATE, 0.0)), mean)
+        weight = climb_weight(self._lambda(ctx), self._lambda_mean(ctx))
         return (ctx.update.delta * weight) * self.update_weight(ctx)
+
+    @staticmethod
+    def _lambda_mean(ctx: ContributionContext) -> float:
+        for name, entry in ((DUAL_SUM, 1), (LAMBDA_SUM, 0)):
+            this_round = ctx.learned.get(name)
+            if this_round is not None:
+                return float(this_round.value.reshape(-1)[entry]) / max(len(this_round.contributors), 1)
+        return float(ctx.state.get(LAMBDA_MEAN_STATE, 0.0))
 
 
 @register_algorithm("climb")

@@ -427,7 +427,7 @@ def test_a_sum_only_clients_learn_gets_client_key_holders(digits) -> None:
     assert cell.status == "ok", cell.reason
     assert any("only clients may learn" in n and "'all'" in n for n in cell.notes)
     assert cell.summary is not None and cell.summary.key_holders["paillier"].mode == "all"
-    assert not cell.summary.statistics["climb_loss"].server_learns_sum
+    assert not cell.summary.statistics["climb_dual"].server_learns_sum
 
 
 # --- report and CLI -----------------------------------------------------------------------------
@@ -516,7 +516,7 @@ def test_climb_losses_are_attacked_where_visible(digits) -> None:
     # attacker's samples of each class (no CLIMB-specific code in the audit).
     losses = _attack(cell, "sample_means")
     assert losses.targets == 4 and losses.advantage is not None and "read in the clear" in losses.note
-    assert "climb_loss" in losses.note
+    assert "climb_dual" in losses.note
 
 
 def test_dubhe_key_is_shared_by_every_client(digits) -> None:

@@ -23,16 +23,16 @@ from secure_fl.algorithms import (
     make_algorithm,
 )
 from secure_fl.algorithms.climb import (
+    DUAL_SUM,
     LAMBDA_SUM,
-    LOSS_SUM,
     Climb,
     ClimbClient,
     ClimbParams,
     ClimbServer,
     climb_weight,
     dual_step,
+    dual_declaration,
     lambda_declaration,
-    loss_declaration,
 )
 from secure_fl.audit.ledger import build_ledger
 from secure_fl.config import RunConfig
@@ -89,16 +89,19 @@ def test_params_are_validated(bad: dict) -> None:
 def test_registered_with_declarations() -> None:
     algo = make_algorithm("climb", {"primal_steps": 3})
     assert isinstance(algo, Climb) and algo.params.primal_steps == 3
-    loss, lam = loss_declaration(algo.params), lambda_declaration(algo.params)
-    assert loss.name == LOSS_SUM and lam.name == LAMBDA_SUM
-    assert lam.bound == 5.0 and loss.kind == "float" and loss.clip and not lam.clip
-    assert loss.learners == {"server", "clients"}
+    dual, lam = dual_declaration(algo.params), lambda_declaration(algo.params)
+    assert dual.name == DUAL_SUM and lam.name == LAMBDA_SUM
+    # one bound for (f_i, λ_i): the larger of the two public bounds
+    assert dual.length == 2 and dual.bound == 20.0 and lam.bound == 5.0 and lam.length == 1
+    assert dual.kind == "float" and dual.clip and not lam.clip
+    assert dual.learners == {"server", "clients"}
+    assert dual_declaration(ClimbParams(loss_bound=2.0, lambda_max=8.0)).bound == 8.0
     # both halves declare the same statistics (public): the client checks each request against its own
     client = algo.client(_info(4))
     assert isinstance(client, ClimbClient)
-    assert client.declarations()[LOSS_SUM] == loss and client.declarations()[LAMBDA_SUM] == lam
+    assert client.declarations()[DUAL_SUM] == dual and client.declarations()[LAMBDA_SUM] == lam
     minimal = make_algorithm("climb", {"server_learns": False})
-    assert loss_declaration(minimal.params).learners == {"clients"}
+    assert dual_declaration(minimal.params).learners == {"clients"}
     assert lambda_declaration(minimal.params).learners == {"clients"}
 
 
@@ -129,10 +132,10 @@ def _ctx(trainer: LocalTrainer, data: ClientData, state: dict, round: int, num_c
                          shuffle=torch.Generator().manual_seed(round))
 
 
-def _learn(client: ClimbClient, data: ClientData, state: dict, name: str, round: int, total: float,
+def _learn(client: ClimbClient, data: ClientData, state: dict, name: str, round: int, total: list[float],
            contributors: tuple[int, ...]) -> None:
     """The client hears a sum it was sent (as its node does when a release reaches it)."""
-    learned = Learned(name=name, round=round, value=np.array([total]), contributors=contributors, clipped=0)
+    learned = Learned(name=name, round=round, value=np.array(total), contributors=contributors, clipped=0)
     client.learned(learned, ClientState(client_id=data.client_id, round=round, data=data, state=state,
                                         learned={name: learned}))
 
@@ -142,8 +145,10 @@ def test_client_takes_its_pending_dual_step_and_measures_its_loss() -> None:
     client = Climb(ClimbParams(primal_steps=2, dual_lr=2.0, tolerance=0.01)).client(_info(4, trainer.layout.dimension))
     assert isinstance(client, ClimbClient)
     state = {"lambda": 0.5, "pending": (0, 2.0)}  # this client's f_i at round 0
-    _learn(client, data, state, LOSS_SUM, 0, 3.0, (0, 1, 3))  # f̄ of round 0 = 3 / 3, released to its clients
-    assert state["loss_mean"] == (0, pytest.approx(1.0))
+    _learn(client, data, state, DUAL_SUM, 0, [3.0, 0.6], (0, 1, 3))  # f̄, λ̄ of round 0, released to its clients
+    assert state["loss_mean"] == (0, pytest.approx(1.0)) and state["lambda_mean"] == pytest.approx(0.2)
+    _learn(client, data, state, LAMBDA_SUM, 1, [0.9], (0, 1, 3))  # a primal round's new cohort: λ̄ alone
+    assert state["loss_mean"] == (0, pytest.approx(1.0)) and state["lambda_mean"] == pytest.approx(0.3)
     start = trainer.layout.flatten()
     with torch.no_grad():
         expected_loss = float(F.cross_entropy(trainer.model(data.x), data.y))
@@ -153,7 +158,9 @@ def test_client_takes_its_pending_dual_step_and_measures_its_loss() -> None:
     assert state["pending"][0] == 2 and state["pending"][1] == pytest.approx(expected_loss, rel=1e-5)
     contribution = ContributionContext(client_id=1, round=2, data=data, state=state, learned={}, update=update)
     assert float(np.asarray(client.contribution(LAMBDA_SUM, contribution))[0]) == pytest.approx(lam)
-    assert float(client.contribution(LOSS_SUM, contribution)[0]) == pytest.approx(expected_loss, rel=1e-5)
+    joint = np.asarray(client.contribution(DUAL_SUM, contribution), dtype=np.float64)
+    assert joint.shape == (2,) and joint[1] == pytest.approx(lam)
+    assert joint[0] == pytest.approx(expected_loss, rel=1e-5)
     assert float(update.extras["climb_loss"][0]) == pytest.approx(expected_loss, rel=1e-5)
     assert update.num_samples == data.num_samples and update.delta.shape == start.shape
     # a primal-only round: λ and the pending measurement stay, no loss is measured (nor can it be asked for)
@@ -164,7 +171,7 @@ def test_client_takes_its_pending_dual_step_and_measures_its_loss() -> None:
     from protocols import PolicyError
 
     with pytest.raises(PolicyError, match="measured none"):
-        client.contribution(LOSS_SUM, ContributionContext(client_id=1, round=3, data=data, state=state, learned={},
+        client.contribution(DUAL_SUM, ContributionContext(client_id=1, round=3, data=data, state=state, learned={},
                                                           update=update))
 
 
@@ -226,7 +233,7 @@ def test_aggregate_hand_made_plain() -> None:
     assert algo.loss_means[2] == pytest.approx(6.5 / 3, abs=1e-6)
     torch.testing.assert_close(new, _expected_mean(), rtol=1e-5, atol=1e-7)
     names = [r.name for r in net.stats.records]
-    assert names == ["climb_lambda", "total_samples", "model_update", "climb_loss"]
+    assert names == ["climb_dual", "total_samples", "model_update"]  # f̄ and λ̄ in one sum
     # the clients learned λ̄ and f̄ from the releases; client 3 was not in the round and learned nothing
     for c in (0, 1, 2):
         state = net.nodes[c].state
@@ -240,14 +247,18 @@ def test_lambda_sum_skipped_while_it_cannot_have_changed() -> None:
     server = net.server
     assert isinstance(server, ClimbServer)
     d = net.info.dimension
-    for r in range(4):
-        for c in (0, 1, 2):
-            extras = {"climb_loss": torch.tensor([LOSSES[c]], dtype=torch.float64)} if r % 2 == 0 else {}
+    cohorts = [(0, 1, 2), (0, 1, 3), (0, 1, 2), (1, 2, 3), (0, 1, 2), (0, 1, 2)]
+    for r, cohort in enumerate(cohorts):
+        for c in cohort:
+            extras = {"climb_loss": torch.tensor([LOSSES.get(c, 1.0)], dtype=torch.float64)} if r % 2 == 0 else {}
             net.trained(c, r, torch.nn.functional.pad(_delta(c), (0, d - DIM)), extras=extras)
-        server.aggregate(net.round(r, (0, 1, 2)))
+        server.aggregate(net.round(r, cohort))
     rounds = [(r.name, r.round) for r in net.stats.records if r.name.startswith("climb")]
-    # λ̄ = 0 is public before the first dual step; afterwards summed at dual rounds only
-    assert rounds == [("climb_loss", 0), ("climb_lambda", 2), ("climb_loss", 2)]
+    # f̄ and λ̄ together at every dual round; λ̄ alone at a primal round with a new cohort, once a
+    # client can have stepped (round 1's λ̄ = 0 is public: no step before a second dual round);
+    # round 5 keeps round 4's cohort and λ̄
+    assert rounds == [("climb_dual", 0), ("climb_dual", 2), ("climb_lambda", 3), ("climb_dual", 4)]
+    assert server.dual_rounds == [0, 2, 4]
 
 
 @pytest.mark.parametrize("protocol,options", [
@@ -269,13 +280,13 @@ def test_secure_averages_equal_plain_averages(protocol: str, options: dict) -> N
 
 # --- what the server can read -----------------------------------------------------------------------
 
-def _tiny_run(protocol: str, options: dict, *, server_learns: bool = True, rounds: int = 4):
+def _tiny_run(protocol: str, options: dict, *, server_learns: bool = True, rounds: int = 4, per_round: int = 5):
     raw = {
         "name": "climb-transcript", "seed": 0,
         "data": {"dataset": "digits", "num_clients": 5, "partition": "climb",
                  "partition_params": {"alpha": 0.2}, "minority_classes": [0], "minority_rho": 5},
         "model": {"name": "mlp", "hidden": [16]},
-        "train": {"rounds": rounds, "clients_per_round": 5, "local_epochs": 1, "batch_size": 32, "lr": 0.05,
+        "train": {"rounds": rounds, "clients_per_round": per_round, "local_epochs": 1, "batch_size": 32, "lr": 0.05,
                   "momentum": 0.0, "weight_decay": 0.0, "lr_decay": 1.0, "lr_decay_every": 1},
         "method": {"name": "climb", "primal_steps": 2, "dual_lr": 2.0, "server_learns": server_learns},
         "secure": {"protocol": protocol, "update_protocol": protocol, "update_clip": 1.0, **options},
@@ -293,20 +304,20 @@ def _tiny_run(protocol: str, options: dict, *, server_learns: bool = True, round
 ])
 def test_server_reads_no_client_loss_or_lambda(protocol: str, options: dict, server_learns: bool,
                                                one_thread: None) -> None:
-    sim = _tiny_run(protocol, options, server_learns=server_learns)
+    sim = _tiny_run(protocol, options, server_learns=server_learns, rounds=6, per_round=3)
     declared = sim.stats.declarations
-    assert {LOSS_SUM, LAMBDA_SUM} <= set(declared)
+    assert {DUAL_SUM, LAMBDA_SUM} <= set(declared)
     assert declared[LAMBDA_SUM].bound == 5.0
     ledger = build_ledger(sim.stats.transcript, clients=range(5), protocol_options=options)
-    for statistic in (LOSS_SUM, LAMBDA_SUM, "model_update", "total_samples"):
+    for statistic in (DUAL_SUM, LAMBDA_SUM, "model_update", "total_samples"):
         assert ledger.runs_of(statistic), statistic
         for c in range(5):
             assert not ledger.server_reads_individually(statistic, c), (statistic, c)
-    for statistic in (LOSS_SUM, LAMBDA_SUM):
+    for statistic in (DUAL_SUM, LAMBDA_SUM):
         for run in ledger.runs_of(statistic):
-            assert run.k == 5
+            assert run.k == 3
             assert (SERVER in run.learners) == server_learns
-            assert set(run.learners) - {SERVER} == set(range(5))  # every client learns f̄ / λ̄
+            assert len(set(run.learners) - {SERVER}) == 3  # every member of the cohort learns f̄, λ̄
     # the clients' dual variables moved (someone's loss exceeded f̄ + ε)
     assert max(node.state.get("lambda", 0.0) for node in sim.nodes.values()) > 0
 
@@ -315,8 +326,7 @@ def test_plain_protocol_is_readable_control(one_thread: None) -> None:
     """The check above would catch a leak: under ``plain`` the server reads every f_i and λ_i."""
     sim = _tiny_run("plain", {}, rounds=3)
     ledger = build_ledger(sim.stats.transcript, clients=range(5))
-    assert all(ledger.server_reads_individually(LOSS_SUM, c) for c in range(5))
-    assert all(ledger.server_reads_individually(LAMBDA_SUM, c) for c in range(5))
+    assert all(ledger.server_reads_individually(DUAL_SUM, c) for c in range(5))
 
 
 def test_checkpoint_roundtrip() -> None:

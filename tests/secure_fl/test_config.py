@@ -169,7 +169,7 @@ def test_demo_config_is_small() -> None:
         assert work <= 200_000  # samples trained per run: seconds on 2 cores with the MLP
     plans = {(r.method.name, r.selection.name): planned_protocols(r) for r in experiment.runs}
     assert plans[("fedshift", "random")]["label_histogram"] == "paillier"
-    assert plans[("climb", "random")]["climb_loss"] == plans[("climb", "random")]["climb_lambda"] == "masking"
+    assert plans[("climb", "random")]["climb_dual"] == plans[("climb", "random")]["climb_lambda"] == "masking"
     assert plans[("ratio_loss", "random")]["ratio_monitor_total"] == "ckks"
     assert plans[("fedavg", "dubhe")]["dubhe_registry"] == "paillier"
     assert ("fedavg", "random") in plans

@@ -413,7 +413,7 @@ def test_interrupted_and_resumed_run_ends_as_an_uninterrupted_one(method: str, t
         assert {"setup", "label_histogram"} <= set(got[0].bytes)
         assert not [r for r in got[1:] if {"setup", "label_histogram"} & set(r.bytes)]
     if method == "climb":  # the dual variables moved after the resume, carried on by the restored nodes
-        assert all(r.metrics.get("lambda_mean") for r in got[2:]) and "climb_loss" in got[3].bytes
+        assert all(r.metrics.get("lambda_mean") for r in got[2:]) and "climb_dual" in got[3].bytes
 
 
 # --- what a round's transcript holds -----------------------------------------------------------
