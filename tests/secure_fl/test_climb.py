@@ -242,6 +242,25 @@ def test_aggregate_hand_made_plain() -> None:
     assert "loss_mean" not in net.nodes[3].state and not net.nodes[3].learned
 
 
+def test_a_loss_above_its_bound_is_clipped_in_the_joint_sum_and_lambda_is_not() -> None:
+    """The pair shares one bound (20): a loss of 30 is clipped to it and counted; λ̄ is exact."""
+    net = _climb_net("plain")
+    server = net.server
+    assert isinstance(server, ClimbServer)
+    server.dual_rounds = [0]
+    d = net.info.dimension
+    losses = {**LOSSES, 2: 30.0}
+    for c, lam in LAMBDAS.items():
+        net.nodes[c].state["lambda"] = lam
+        net.trained(c, 2, torch.nn.functional.pad(_delta(c), (0, d - DIM)),
+                    extras={"climb_loss": torch.tensor([losses[c]], dtype=torch.float64)})
+    server.aggregate(net.round(2, (0, 1, 2)))
+    (release,) = [r for r in net.stats.records if r.name == DUAL_SUM]
+    assert release.clipped == 1
+    assert server.loss_means[2] == pytest.approx((1.0 + 2.0 + 20.0) / 3, abs=1e-6)
+    assert server.lambda_mean == pytest.approx(0.3, abs=1e-6)
+
+
 def test_lambda_sum_skipped_while_it_cannot_have_changed() -> None:
     net = _climb_net("plain")
     server = net.server
