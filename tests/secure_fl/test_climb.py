@@ -30,8 +30,8 @@ from secure_fl.algorithms.climb import (
     ClimbParams,
     ClimbServer,
     climb_weight,
-    dual_step,
     dual_declaration,
+    dual_step,
     lambda_declaration,
 )
 from secure_fl.audit.ledger import build_ledger
