@@ -219,13 +219,6 @@ class ClimbServer(FedAvgServer):
         self.lambda_clients: tuple[int, ...] | None = None
         """The cohort of the last λ̄ (a sum, or the public 0 before any dual step)."""
 
-    @staticmethod
-    def _means(ctx: ServerRound, declaration: StatisticDeclaration) -> np.ndarray | None:
-        release = ctx.request(declaration)
-        if release.value is None:
-            return None
-        return np.asarray(release.value, dtype=np.float64).reshape(-1) / max(len(release.contributors), 1)
-
     def _lambda_may_have_moved(self) -> bool:
         """At a primal round: whether a client can have taken a dual step. The first step is at a
         client's second dual round (it needs the f̄ of its first), so not before two dual rounds."""
@@ -233,7 +226,7 @@ class ClimbServer(FedAvgServer):
 
     def aggregate(self, ctx: ServerRound) -> torch.Tensor:
         if is_dual_round(self.params, ctx.round):
-            means = self._means(ctx, self._dual)
+            means = ctx.request(self._dual).means()
             self.dual_rounds.append(ctx.round)
             self.lambda_mean = None if means is None else float(means[1])
             self.lambda_clients = ctx.cohort
@@ -244,7 +237,7 @@ class ClimbServer(FedAvgServer):
             # no dual step can have happened yet: every λ_i is still the public initial 0
             self.lambda_mean, self.lambda_clients = 0.0, ctx.cohort
         elif self.lambda_clients is None or ctx.cohort != self.lambda_clients:
-            means = self._means(ctx, self._lambda)
+            means = ctx.request(self._lambda).means()
             self.lambda_mean, self.lambda_clients = None if means is None else float(means[0]), ctx.cohort
         mean = ctx.weighted_mean()
         if self.lambda_mean is not None and self.params.server_learns:
@@ -325,7 +318,7 @@ class ClimbClient(FedAvgClient):
                            steps=result.steps, loss=result.loss, extras=extras)
 
     def learned(self, learned: Learned, ctx: ClientState) -> None:
-        means = learned.value.reshape(-1) / max(len(learned.contributors), 1)
+        means = learned.means()
         if learned.name == DUAL_SUM:
             ctx.state[LOSS_MEAN_STATE] = (learned.round, float(means[0]))
             ctx.state[LAMBDA_MEAN_STATE] = float(means[1])
@@ -346,7 +339,7 @@ class ClimbClient(FedAvgClient):
         for name, entry in ((DUAL_SUM, 1), (LAMBDA_SUM, 0)):
             this_round = ctx.learned.get(name)
             if this_round is not None:
-                return float(this_round.value.reshape(-1)[entry]) / max(len(this_round.contributors), 1)
+                return float(this_round.means()[entry])
         return float(ctx.state.get(LAMBDA_MEAN_STATE, 0.0))
 
 

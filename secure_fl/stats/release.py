@@ -52,6 +52,11 @@ class Release:
             raise ValueError(f"statistic {self.name!r} is not learned by the server")
         return float(self.value.reshape(-1)[0])
 
+    def means(self) -> npt.NDArray[np.float64] | None:
+        """Each entry of the sum divided by the (public) number of contributors; ``None`` when the
+        server does not learn the statistic."""
+        return None if self.value is None else _per_contributor(self.value, self.contributors)
+
 
 @dataclass(frozen=True, eq=False)
 class Learned:
@@ -65,4 +70,13 @@ class Learned:
 
     def mean(self) -> float:
         """A one-entry sum divided by its number of contributors (public)."""
-        return float(self.value.reshape(-1)[0]) / max(len(self.contributors), 1)
+        return float(self.means()[0])
+
+    def means(self) -> npt.NDArray[np.float64]:
+        """Each entry of the sum divided by its number of contributors (public)."""
+        return _per_contributor(self.value, self.contributors)
+
+
+def _per_contributor(value: npt.NDArray[np.float64], contributors: tuple[int, ...]) -> npt.NDArray[np.float64]:
+    out: npt.NDArray[np.float64] = np.asarray(value, dtype=np.float64).reshape(-1) / max(len(contributors), 1)
+    return out

@@ -18,6 +18,8 @@ from secure_fl.algorithms import LocalTraining, RunInfo, ServerRound
 from secure_fl.stats import (
     MODEL_UPDATE,
     TOTAL_SAMPLES,
+    Learned,
+    Release,
     StatisticDeclaration,
     UpdateSettings,
 )
@@ -441,3 +443,14 @@ def test_weighted_mean_goes_through_total_samples_and_the_update_sum() -> None:
     private = StatisticDeclaration(name="server_total", length=1, bound=100)
     with pytest.raises(ValueError, match="learned by the clients"):
         ctx.weighted_mean(weight=private)
+
+
+def test_release_and_learned_means_divide_every_entry_by_the_contributors() -> None:
+    release = Release(name="pair", round=1, protocol="plain", value=np.array([6.0, 1.5]), contributors=(0, 2, 5),
+                      dropouts=(), learned_by=("server",), clipped=0, bytes=0)
+    np.testing.assert_allclose(release.means(), [2.0, 0.5])
+    hidden = dataclasses.replace(release, value=None)
+    assert hidden.means() is None
+    learned = Learned(name="pair", round=1, value=np.array([6.0, 1.5]), contributors=(0, 2, 5), clipped=0)
+    np.testing.assert_allclose(learned.means(), [2.0, 0.5])
+    assert learned.mean() == pytest.approx(2.0)
