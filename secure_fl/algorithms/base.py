@@ -200,6 +200,10 @@ class ServerRound:
         First the weights a_i are summed as ``weight`` (learned by the clients, which scale their
         own vector by a_i / Σ a_j — client-side, so every scaled entry stays within the update
         bound); then the contributors of that sum send their scaled vectors as ``statistic``.
+
+        When ``weight`` repeated an earlier release (a constant statistic, ``reused_from``) and a
+        client it counts sent no vector, the weights are summed again over those who did and the
+        sum rescaled by the ratio of the two totals: the mean a fresh sum would have given.
         """
         if "clients" not in weight.learners:
             raise ValueError(f"statistic {weight.name!r} must be learned by the clients to scale by it")
@@ -211,7 +215,14 @@ class ServerRound:
                     f"swamps {len(total.contributors)} clients' counts; client-level counts need far more "
                     "clients per round: use [mitigation] counts = \"record\" or a larger epsilon")
             raise ValueError(f"statistic {weight.name!r} summed to {total.scalar():g}; cannot average{hint}")
-        return self.update_sum(statistic, cohort=total.contributors)
+        mean = self.update_sum(statistic, cohort=total.contributors)
+        sent = self.releases[-1].contributors
+        if total.reused_from is None or sent == total.contributors or not sent or total.value is None:
+            return mean
+        actual = self.request(weight, cohort=sent)
+        if actual.value is None or actual.contributors != sent or actual.scalar() <= 0:
+            return mean  # more clients lost meanwhile: left as a fresh total followed by a lost update leaves it
+        return mean * float(total.scalar() / actual.scalar())
 
 
 class ServerMethod(ABC):

@@ -221,7 +221,8 @@ def _sizes(ctx: CellContext) -> _Sizes | None:
     cmap = ctx.count_map(name)
     assert cmap is not None
     direct = {c: n for c, n in ctx.read_sizes().items()}
-    releases = [r for r in ctx.view.releases_of(name) if r.value is not None]
+    # a repeat of a constant statistic (reused_from) is the same equation again: not another release
+    releases = [r for r in ctx.view.releases_of(name) if r.value is not None and r.reused_from is None]
     if not releases and not direct:
         return None
     index = {c: j for j, c in enumerate(ctx.clients)}

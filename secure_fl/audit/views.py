@@ -154,9 +154,10 @@ def _reads(messages: Sequence[tuple[int, Tapped]], runs: Mapping[str, RunRequest
     return out
 
 
-def _learned(view: ServerView, clients: Sequence[int], lengths: Mapping[str, int], end: int) -> None:
+def _learned(view: ServerView, clients: Sequence[int], lengths: Mapping[str, int], end: int,
+             repeats: Mapping[tuple[str, int, int], int]) -> None:
     """Fill :attr:`ServerView.learned`: the n-th release of (statistic, round) is the n-th sum
-    run the server opened for it."""
+    run the server opened for it; a repeat (``reused_from``) is learned at its ``reuse`` message."""
     runs: dict[tuple[str, int], list[RunRequest]] = defaultdict(list)
     for opened in sorted(view.runs.values(), key=lambda r: r.index):
         if opened.request.kind == "sum":
@@ -165,8 +166,10 @@ def _learned(view: ServerView, clients: Sequence[int], lengths: Mapping[str, int
     names = {party_name(c): c for c in clients}
     for release in view.releases:
         key = (release.name, release.round)
-        position, taken[key] = taken[key], taken[key] + 1
-        run = runs[key][position] if position < len(runs[key]) else None
+        run = None
+        if release.reused_from is None:
+            position, taken[key] = taken[key], taken[key] + 1
+            run = runs[key][position] if position < len(runs[key]) else None
         if release.value is None:
             continue
         length = lengths.get(release.name)
@@ -175,11 +178,14 @@ def _learned(view: ServerView, clients: Sequence[int], lengths: Mapping[str, int
             client = names.get(learner)
             if client is None:
                 continue
+            index = end if run is None else run.index
+            if release.reused_from is not None:
+                index = repeats.get((release.name, release.round, client), end)
             view.learned.setdefault(client, []).append(Read(
                 statistic=release.name, round=release.round, protocol=release.protocol,
-                run_id="" if run is None else run.run_id, stage="release", contributors=release.contributors,
-                values=values[:length] if length is not None else values,
-                index=end if run is None else run.index, receiver=client))
+                run_id="" if run is None else run.run_id, stage="release" if release.reused_from is None else "reuse",
+                contributors=release.contributors, values=values[:length] if length is not None else values,
+                index=index, receiver=client))
 
 
 def client_view(party: int, messages: Sequence[Tapped], *, clients: Sequence[int], lengths: Mapping[str, int],
@@ -201,7 +207,7 @@ def server_view(messages: Sequence[Tapped], *, clients: Sequence[int], lengths: 
     runs = _opens(sent, clients)
     view = ServerView(SERVER, [m for _, m in received], runs, _reads(received, runs, clients, session, lengths),
                       sent=[m for _, m in sent], releases=list(releases), models=list(models), cohorts=list(cohorts))
-    _learned(view, clients, lengths, len(messages))
+    repeats: dict[tuple[str, int, int], int] = {}
     for index, message in sent:
         if not is_runtime(message.data):
             continue
@@ -211,4 +217,7 @@ def server_view(messages: Sequence[Tapped], *, clients: Sequence[int], lengths: 
             view.broadcasts.setdefault(key, {})[runtime.name] = runtime.vector.astype(np.float64)
         elif runtime.kind == Kind.TRAIN:
             view.train_index[key] = index
+        elif runtime.kind == Kind.REUSE:
+            repeats[(runtime.name, runtime.round, message.receiver)] = index
+    _learned(view, clients, lengths, len(messages), repeats)
     return view

@@ -16,6 +16,10 @@ the server tells a node goes in a runtime message (magic ``SFR``)::
 ``bulletin``
     the public record of earlier releases of one statistic (round and contributors of each),
     for the span guard's clients (issue 25): sent before a run the node is asked to join;
+``reuse``
+    a constant statistic (:attr:`~secure_fl.stats.StatisticDeclaration.constant`) is not summed
+    this round: the receiver is pointed at its earlier release (the round and contributors it
+    learned then), which it takes as this round's value — nothing new is released;
 ``refuse`` (node → server)
     a node declines a message, with the reason.
 
@@ -60,7 +64,12 @@ class Kind(IntEnum):
     TRAIN = 2
     ABORT = 3
     BULLETIN = 4
+    REUSE = 5
     REFUSE = 255
+
+
+_NAMED: Final = (Kind.BROADCAST, Kind.BULLETIN, Kind.REUSE)
+_RELEASES: Final = (Kind.BULLETIN, Kind.REUSE)
 
 
 def run_digest(public_config: Mapping[str, Any]) -> bytes:
@@ -84,15 +93,18 @@ class RuntimeMessage:
     vector: npt.NDArray[np.float32] | None = None
     reason: str = ""
     releases: tuple[tuple[int, tuple[int, ...]], ...] = ()
-    """``bulletin``: (round, ascending contributor ids) of each release announced."""
+    """``bulletin``: (round, ascending contributor ids) of each release announced; ``reuse``: the
+    one release the receiver is pointed at."""
 
     def to_bytes(self) -> bytes:
         if len(self.digest) != DIGEST_BYTES:
             raise WireError("a run digest is 16 bytes")
+        if self.kind == Kind.REUSE and len(self.releases) != 1:
+            raise WireError(f"a reuse points at one release, not {len(self.releases)}")
         writer = Writer().raw(_HEADER.pack(MAGIC, VERSION, int(self.kind), self.round, self.digest))
-        if self.kind in (Kind.BROADCAST, Kind.BULLETIN):
+        if self.kind in _NAMED:
             writer.blob(self.name.encode())
-        if self.kind == Kind.BULLETIN:
+        if self.kind in _RELEASES:
             writer.u32(len(self.releases))
             for round_, members in self.releases:
                 writer.i64(round_).u32(len(members)).raw(np.asarray(members, dtype=">u4").tobytes())
@@ -121,15 +133,16 @@ class RuntimeMessage:
         reader = Reader(data[_HEADER.size:])
         name, vector, reason = "", None, ""
         releases: list[tuple[int, tuple[int, ...]]] = []
-        if kind in (Kind.BROADCAST, Kind.BULLETIN):
+        if kind in _NAMED:
             try:
                 name = reader.blob(max_len=MAX_NAME).decode("ascii")
             except UnicodeDecodeError:
                 raise WireError(f"{kind.name.lower()} name is not ASCII") from None
-        if kind == Kind.BULLETIN:
+        if kind in _RELEASES:
             count = reader.u32()
-            if not 0 < count <= MAX_RELEASES:
-                raise WireError(f"a bulletin holds 1 to {MAX_RELEASES} releases, this one {count}")
+            most = 1 if kind == Kind.REUSE else MAX_RELEASES
+            if not 0 < count <= most:
+                raise WireError(f"a {kind.name.lower()} holds 1 to {most} releases, this one {count}")
             for _ in range(count):
                 round_of, size = reader.i64(), reader.u32()
                 if not 0 < size <= MAX_MEMBERS:

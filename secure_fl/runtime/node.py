@@ -109,6 +109,8 @@ class ClientNode:
         """Shared with the process's other nodes to train together (never under DP-SGD)."""
         self._pending: tuple[int, PendingTraining] | None = None
         self._begun: tuple[Sequence[bytes], int, list[Message]] | None = None
+        self._repeated: list[Learned] = []
+        """Reuses that arrived while this node's training waited in the pool (see :meth:`_repeat`)."""
         self.state: dict[str, Any] = {}
         """The method's persistent client state (SCAFFOLD's c_i, CLIMB's λ_i, FedShift's prior...)."""
         self.learned: dict[int, dict[str, Learned]] = {}
@@ -176,19 +178,22 @@ class ClientNode:
         return out
 
     def _runtime(self, data: bytes) -> list[Message]:
-        self.settle()
         round_ = self.trained_round
         try:
             message = RuntimeMessage.from_bytes(data, dimension=self.info.dimension)
             round_ = message.round
             if message.digest != self.digest:
                 raise StageError("a message of another run")
+            if message.kind == Kind.REUSE:  # does not wait for the pooled training (see _repeat)
+                self._repeat(message)
+                return []
+            self.settle()
             if message.kind == Kind.BROADCAST:
                 self._receive_broadcast(message)
             elif message.kind == Kind.TRAIN:
                 self._train(message)
             elif message.kind == Kind.ABORT:
-                self.update, self._broadcast = None, {}
+                self.update, self._broadcast, self._repeated = None, {}, []
             elif message.kind == Kind.BULLETIN:
                 self.participant.learn_releases(message.name, message.releases)  # public, for the release rule
                 self.dirty = True
@@ -200,6 +205,22 @@ class ClientNode:
             self.refusals.append(reason)
             reply = RuntimeMessage(kind=Kind.REFUSE, round=round_, digest=self.digest, reason=reason)
             return [reply.message(statistic="refusal")]
+
+    def _repeat(self, message: RuntimeMessage) -> None:
+        """The server points this client at an earlier release of a constant statistic for this
+        round. It arrives right after the round's training message: with a pool, the node takes
+        it once its training is settled, so that the cohort still trains together."""
+        (earlier, contributors), = message.releases
+        if message.round < self.trained_round:
+            raise StageError(f"a reuse for round {message.round}, after round {self.trained_round}")
+        if message.name in self.learned.get(message.round, {}) or any(
+                k.round == message.round and k.name == message.name for k in self._repeated):
+            raise StageError(f"statistic {message.name!r} of round {message.round} is known already (a replay)")
+        learned = self.participant.repeat(message.name, message.round, earlier, contributors)
+        if self._pending is not None:
+            self._repeated.append(learned)
+        else:
+            self._learned(learned)
 
     def _receive_broadcast(self, message: RuntimeMessage) -> None:
         if message.round <= self.trained_round:
@@ -270,6 +291,9 @@ class ClientNode:
         r, pending = self._pending
         self._pending = None
         self._finish(r, *pending.result())
+        repeated, self._repeated = self._repeated, []
+        for learned in repeated:
+            self._learned(learned)
 
     def _finish(self, r: int, update: LocalUpdate, ctx: ClientContext) -> None:
         if self.dp_sgd_config is not None and ctx.trainings == 0 and self.data.num_samples > 0 \
@@ -358,7 +382,7 @@ class ClientNode:
             raise WireError(f"client {self.client_id}: the snapshot holds selection state this run has no use for")
         self.state, self.trained_round = dict(state), trained_round
         self.update, self._broadcast, self._broadcast_round = None, {}, -1
-        self.learned = {}
+        self.learned, self._repeated = {}, []
         self.dirty = False
 
     def dp_state(self) -> Any:

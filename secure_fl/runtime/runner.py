@@ -350,7 +350,7 @@ def _execute(store: RunStore, run: RunRow, config: RunConfig, *, device: torch.d
             releases=[ReleaseRow(statistic=r.name, protocol=r.protocol, contributors=len(r.contributors),
                                  dropouts=len(r.dropouts), clipped=r.clipped, bytes=r.bytes,
                                  entries=declared[r.name].length if r.name in declared else None)
-                      for r in result.releases],
+                      for r in result.releases if r.reused_from is None],  # a repeat released nothing
         )
         store.record_round(run_id, row, sim.checkpoint(), _declarations(sim))
         history.append(row)

@@ -153,6 +153,7 @@ class ServerLoop:
         self.global_vector = self.layout.flatten()
         self.next_round = 0
         stats.announce = self._bulletin  # the span guard's public record of releases (issue 25)
+        stats.reuse = self._reuse
 
     @property
     def clients(self) -> tuple[int, ...]:
@@ -186,6 +187,15 @@ class ServerLoop:
         """The public record of earlier releases, queued for ``pid`` ahead of a run it is asked to join."""
         message = RuntimeMessage(kind=Kind.BULLETIN, round=r, digest=self.digest, name=statistic, releases=releases)
         self.mailbox.queue(pid, message.message(statistic=f"{statistic}_bulletin"))
+
+    def _reuse(self, r: int, statistic: str, earlier: int, contributors: tuple[int, ...]) -> int:
+        """Point ``contributors`` at their release of ``statistic`` of round ``earlier`` (a constant
+        statistic, not summed again); queued for the round's next exchange. The bytes queued."""
+        message = RuntimeMessage(kind=Kind.REUSE, round=r, digest=self.digest, name=statistic,
+                                 releases=((earlier, contributors),)).message(statistic=statistic)
+        for pid in contributors:
+            self.mailbox.queue(pid, message)
+        return len(message.data) * len(contributors)
 
     def _announcer(self, r: int) -> Callable[[str, npt.NDArray[np.float64]], None]:
         """The selection's announcements: a public broadcast to every client, sent with the next exchange."""

@@ -10,6 +10,14 @@ reads what the protocol lets the server read.
 Once-per-run statistics (``per_round = False``) are released once: asked again for the same
 round and cohort — a resumed run's set-up — the coordinator answers from its checkpointed release, and
 the clients answer from theirs, so nothing is summed (or noised, or charged) twice.
+
+A constant statistic (``constant``: each client's input is fixed for the run, |D_i|) asked for
+over exactly the contributors of its last release is not summed again either: the runtime
+points those clients at that release (:attr:`StatsCoordinator.reuse`, a ``reuse`` message) and
+the coordinator answers with a :class:`Release` that repeats it (``reused_from``); neither side
+learns anything it did not know. A statistic the run noises (``[privacy.statistics]``) is
+summed afresh every time, as the releases its noise was calibrated for. Without the runtime's
+hook every request is summed.
 """
 
 from __future__ import annotations
@@ -70,6 +78,11 @@ class StatsCoordinator:
         """Set by the runtime when the release rule needs the history (the span guard): called
         with (client, statistic, round, releases) before a run opens, to queue the public record
         of the releases that client has not been told yet."""
+        self.reuse: Callable[[int, str, int, tuple[int, ...]], int] | None = None
+        """Set by the runtime: called with (round, statistic, earlier round, contributors) to point
+        those clients at the earlier release of a constant statistic; returns the bytes it queued."""
+        self._constants: dict[str, Release] = {}
+        """The last release of each constant statistic (from a sum, not a repeat)."""
         self.public: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         """statistic → (round, contributors) of each release the rule covers, in order."""
         self._told: dict[tuple[int, str], int] = {}
@@ -144,6 +157,9 @@ class StatsCoordinator:
         if not declaration.per_round and once in self._once:
             return self._once[once]
         layout = self.layouts(declaration, len(members), protocol)
+        repeat = self._repeat(declaration, members, round, layout.protocol, tag) if layout.noisy is None else None
+        if repeat is not None:
+            return repeat
         session = self.session(layout.protocol, tag)
         session.check(spec=layout.spec, reveal=declaration.reveal)
         accounting = self._noise_accounting(declaration, len(members)) if layout.noisy is not None else None
@@ -188,6 +204,29 @@ class StatsCoordinator:
             self.public.setdefault(declaration.name, []).append((round, contributors))
         if not declaration.per_round:
             self._once[once] = release
+        if declaration.constant and not tag and contributors:
+            self._constants[declaration.name] = release
+        return release
+
+    def _repeat(self, declaration: StatisticDeclaration, members: tuple[int, ...], round: int, protocol: str,
+                tag: str) -> Release | None:
+        """The last release of a constant statistic again, when ``members`` are its contributors
+        (see the module docstring); ``None`` when it must be summed."""
+        if not declaration.constant or tag or (self.reuse is None and declaration.reveal.clients):
+            return None
+        earlier = self._constants.get(declaration.name)
+        if earlier is None or earlier.contributors != members or earlier.protocol != protocol \
+                or earlier.round >= round:
+            return None
+        spent = self.reuse(round, declaration.name, earlier.round, members) \
+            if self.reuse is not None and declaration.reveal.clients else 0
+        release = Release(
+            name=declaration.name, round=round, protocol=protocol,
+            value=None if earlier.value is None else earlier.value.copy(), contributors=members, dropouts=(),
+            learned_by=earlier.learned_by, clipped=None if earlier.clipped is None else 0, bytes=spent,
+            epsilon=earlier.epsilon, noise=earlier.noise, reused_from=earlier.round,
+        )
+        self.records.append(release)
         return release
 
     def _needs_history(self, statistic: str, tag: str) -> bool:
@@ -257,10 +296,12 @@ class StatsCoordinator:
         return dict(totals)
 
     def state(self) -> dict[str, Any]:
-        """Plain data for the server's checkpoint: the ledger and the once-per-run releases."""
+        """Plain data for the server's checkpoint: the ledger, the once-per-run releases and the
+        last release of each constant statistic."""
         return {
             "ledger": None if self.ledger is None else self.ledger.to_dict(),
             "once": [{**_release_state(r), "cohort": list(key[2])} for key, r in self._once.items()],
+            **({"constants": [_release_state(r) for r in self._constants.values()]} if self._constants else {}),
             **({"public": {name: [[r, list(c)] for r, c in entries] for name, entries in self.public.items()}}
                if self.public else {}),
         }
@@ -279,12 +320,18 @@ class StatsCoordinator:
         for item in state.get("once", []):
             release = _release_from_state(item)
             self._once[(release.name, release.round, tuple(int(c) for c in item["cohort"]))] = release
+        self._constants = {}
+        for item in state.get("constants", []):
+            release = _release_from_state(item)
+            self._constants[release.name] = release
 
 
 def _release_state(release: Release) -> dict[str, Any]:
     out = release.as_dict()
     out["value"] = None if release.value is None else [float(v) for v in release.value]
     out["epsilon"] = release.epsilon
+    if release.noise is not None:
+        out["noise"] = release.noise
     return out
 
 
@@ -297,5 +344,6 @@ def _release_from_state(item: Mapping[str, Any]) -> Release:
         learned_by=tuple(str(x) for x in item["learned_by"]),
         clipped=None if item.get("clipped") is None else int(item["clipped"]), bytes=int(item["bytes"]),
         epsilon=None if item.get("epsilon") is None else float(item["epsilon"]),
+        noise=None if item.get("noise") is None else dict(item["noise"]),
     )
 

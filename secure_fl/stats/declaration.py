@@ -57,6 +57,11 @@ class StatisticDeclaration:
     """Whether a client clips entries beyond the bound (and the release counts them) instead of
     refusing to contribute. Public, like the bound: a client never clips what the declaration
     says it must refuse."""
+    constant: bool = False
+    """Whether each client's input stays the same for the whole run (|D_i|): a release over
+    exactly the contributors of the statistic's last release would repeat it, so the server
+    points those clients at that release instead of summing again (see
+    :meth:`~secure_fl.stats.coordinator.StatsCoordinator.request`). Nothing new is released."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -91,6 +96,8 @@ class StatisticDeclaration:
                 object.__setattr__(self, "record_sensitivity", norms)
         if not isinstance(self.clip, bool):
             raise ValueError(f"statistic {self.name}: clip must be true or false, got {self.clip!r}")  # noqa: TRY004
+        if not isinstance(self.constant, bool):
+            raise ValueError(f"statistic {self.name}: constant must be true or false, got {self.constant!r}")  # noqa: TRY004
         if self.contribution_bound is not None and (
             isinstance(self.contribution_bound, bool) or not isinstance(self.contribution_bound, (int, float))
             or not math.isfinite(self.contribution_bound) or self.contribution_bound <= 0
@@ -142,6 +149,8 @@ class StatisticDeclaration:
             out["contribution_bound"] = self.contribution_bound
         if self.clip:
             out["clip"] = True
+        if self.constant:
+            out["constant"] = True
         return out
 
 
@@ -153,10 +162,12 @@ TOTAL_SAMPLES = StatisticDeclaration(
     learners=frozenset({"server", "clients"}),
     per_round=True,
     record_sensitivity=1,
+    constant=True,
     description=(
         "Σ |D_i| over the round's clients. Clients learn it to scale their own update by "
         "|D_i| / Σ|D_j| before the update sum (weighted averaging); the bound 2^24 is a public "
-        "cap on one client's sample count."
+        "cap on one client's sample count. Constant: a round whose clients are exactly the last "
+        "release's contributors reuses that release."
     ),
 )
 """Weighted averaging's denominator; every method that averages by |D_i| asks for it."""

@@ -11,6 +11,9 @@ the declared bound when the declaration allows clipping (counting what it clippe
 carried inside the sum, :mod:`.tally`), adds its share of distributed-DP noise when the plan
 noises the statistic, and encodes it for the protocol. What it learns comes back as
 :class:`~secure_fl.stats.release.Learned`.
+
+It keeps the last release of each constant statistic it learned (|D_i|'s total), so that the
+server can point it at that release instead of summing again (:meth:`StatsParticipant.repeat`).
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class StatsParticipant:
                                        on_result=self._result)
         self.once: dict[str, int] = {}
         """Once-per-run statistics this client contributed to, and the round of that release."""
+        self.constants: dict[str, Learned] = {}
+        """The last release of each constant statistic this client learned."""
         self.clipped = 0
         """Entries this client clipped so far (its own telemetry; the server learns only sums)."""
         self.guard = None if plan.policy is None else ReleaseChecker(plan.policy, num_clients=len(plan.clients))
@@ -195,7 +200,30 @@ class StatsParticipant:
         values, clipped = result.total, None
         if layout.digits:
             values, clipped = read_tally(layout.base, values, layout.digits, len(result.contributors))
-        self.on_learned(Learned(declaration.name, result.request.round, values, result.contributors, clipped))
+        learned = Learned(declaration.name, result.request.round, values, result.contributors, clipped)
+        if declaration.constant and not result.request.session and result.contributors:
+            self.constants[declaration.name] = learned
+        self.on_learned(learned)
+
+    def repeat(self, statistic: str, round: int, earlier: int, contributors: Sequence[int]) -> Learned:
+        """The server points this client at its release of a constant ``statistic`` of round
+        ``earlier`` over ``contributors`` for ``round``: that release again, as this round's value.
+        A :class:`PolicyError` unless the statistic is declared constant, this client learned that
+        very release last, and it is one of its contributors."""
+        declaration = self.declarations(statistic)
+        if declaration is None or not declaration.constant:
+            raise PolicyError(f"statistic {statistic!r} is not a constant statistic of this client: "
+                              "an earlier release cannot stand for it")
+        last = self.constants.get(statistic)
+        if last is None or last.round != earlier or last.contributors != tuple(contributors):
+            held = "none" if last is None else f"round {last.round} over {len(last.contributors)} clients"
+            raise PolicyError(f"statistic {statistic!r}: pointed at the release of round {earlier} over "
+                              f"{len(contributors)} clients, the last this client learned is {held}")
+        if self.client_id not in last.contributors:
+            raise PolicyError(f"statistic {statistic!r}: this client is not a contributor of that release")
+        if round <= earlier:
+            raise PolicyError(f"statistic {statistic!r}: round {round} cannot repeat the release of round {earlier}")
+        return Learned(statistic, round, last.value.copy(), last.contributors, None if last.clipped is None else 0)
 
     def learn_releases(self, statistic: str, releases: Sequence[tuple[int, Sequence[int]]]) -> None:
         """The server's public record of earlier releases of ``statistic`` (a runtime bulletin),
@@ -216,6 +244,10 @@ class StatsParticipant:
         out: dict[str, Any] = {"sessions": sessions, "once": dict(self.once), "clipped": self.clipped}
         if self.guard is not None:
             out["guard"] = self.guard.state()
+        if self.constants:
+            out["constants"] = {name: {"round": k.round, "value": [float(v) for v in k.value],
+                                       "contributors": list(k.contributors), "clipped": k.clipped}
+                                for name, k in self.constants.items()}
         return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -228,6 +260,8 @@ class StatsParticipant:
             guard = state.get("guard", {})
             if not isinstance(guard, Mapping):
                 raise TypeError("guard history must be a table")
+            constants = {str(name): _learned_from_state(str(name), item)
+                         for name, item in state.get("constants", {}).items()}
             for label, data in sessions.items():
                 name, _, tag = str(label).partition("/")
                 key: str | tuple[str, str] = (name, tag) if tag else name
@@ -239,7 +273,17 @@ class StatsParticipant:
                 name, _, tag = label.partition("/")
                 self.sessions[(name, tag) if tag else name].load_bytes(bytes.fromhex(data))
             raise WireError(f"not a participant snapshot: {type(error).__name__}: {error}") from None
-        self.once, self.clipped = once, clipped
+        self.once, self.clipped, self.constants = once, clipped, constants
         if self.guard is not None:
             self.guard.load_state(guard)
         self.endpoint.forget()
+
+
+def _learned_from_state(name: str, item: Mapping[str, Any]) -> Learned:
+    value = np.asarray(item["value"], dtype=np.float64)
+    clipped = item["clipped"]
+    if value.ndim != 1 or not value.size or not np.all(np.isfinite(value)) \
+            or (clipped is not None and (isinstance(clipped, bool) or not isinstance(clipped, int))):
+        raise ValueError(f"a malformed release of {name!r}")
+    contributors = tuple(int(c) for c in item["contributors"])
+    return Learned(name, int(item["round"]), value, contributors, clipped)

@@ -20,7 +20,9 @@ class Release:
     it (lost, refused, rejected); ``clipped`` the entries the contributors clipped, summed
     inside the secure sum (``None`` for a noised statistic, whose count would escape the noise);
     ``bytes`` what the run's messages cost; ``epsilon`` the statistic's distributed-DP ε so far
-    (``None`` when not noised); ``refusals`` why clients declined.
+    (``None`` when not noised); ``refusals`` why clients declined. ``reused_from`` is the round
+    of the release this one repeats (a constant statistic over the same contributors: nothing was
+    summed, the contributors were pointed at that release), ``None`` for a sum.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Release:
     epsilon: float | None = None
     noise: dict[str, Any] | None = None
     refusals: tuple[str, ...] = field(default_factory=tuple)
+    reused_from: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -44,6 +47,8 @@ class Release:
         }
         if self.epsilon is not None:
             out["epsilon"] = self.epsilon
+        if self.reused_from is not None:
+            out["reused_from"] = self.reused_from
         return out
 
     def scalar(self) -> float:
