@@ -1,23 +1,19 @@
 """A constant statistic (Σ|D_i|) over exactly the contributors of its last release is not summed
 again: the server points those clients at that release (a ``reuse`` message) and both sides take
 it as the round's value. The same model as summing every round, fewer bytes, nothing new released;
-a wrong pointer is refused; a client lost after the pointer does not bias the weighted mean."""
+a wrong pointer is refused; a client lost after the pointer does not bias the weighted mean
+(resumed runs: test_runtime.py's resume test, ``METHOD/all``)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from secure_fl.config import parse_config
-from secure_fl.runtime import Simulation, build_simulation, run_experiment
+from secure_fl.runtime import Simulation, build_simulation
 from secure_fl.runtime.messages import RUNTIME, Kind, RuntimeMessage
 from secure_fl.stats import TOTAL_SAMPLES
-from secure_fl.store import DB_NAME, RunStore
-
-from .test_runtime import RESUME, RESUMED_METHODS, Interrupt, StopAfter, comparable
 
 CPU = torch.device("cpu")
 CLIENTS = (0, 1, 2, 3, 4)
@@ -144,23 +140,3 @@ def test_a_client_lost_after_the_pointer_leaves_the_mean_of_those_who_sent() -> 
     assert [(r.name, len(r.contributors)) for r in summed.stats.records if r.round == 1] == \
         [("total_samples", 4), ("model_update", 4)]
     assert torch.allclose(reused.global_vector, summed.global_vector, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("method", ["fedavg", "climb"])
-def test_a_resumed_full_cohort_run_repeats_the_checkpointed_release(method: str, tmp_path: Path) -> None:
-    method_lines, secure_lines = RESUMED_METHODS[method]
-    text = RESUME.format(method=method, method_lines=method_lines, secure_lines=secure_lines)
-    experiment = parse_config(text.replace("clients_per_round = 3", "clients_per_round = 4"))
-    with RunStore(tmp_path / "straight" / DB_NAME) as store:
-        (straight,) = run_experiment(experiment, store, device=CPU)
-        want = store.rounds(straight.id)
-    with RunStore(tmp_path / "resumed" / DB_NAME) as store:
-        with pytest.raises(Interrupt):
-            run_experiment(experiment, store, device=CPU, observer=StopAfter(2))
-        (run,) = store.list_runs()
-        (resumed,) = run_experiment(experiment, store, device=CPU, resume=run.id)
-        got = store.rounds(resumed.id)
-    assert [comparable(r) for r in got] == [comparable(r) for r in want]
-    # the total was released once, in round 0; every later round carries only the pointers
-    assert [[x.statistic for x in r.releases].count("total_samples") for r in got] == [1, 0, 0, 0]
-    assert all(0 < r.bytes["total_samples"] < got[0].bytes["total_samples"] for r in got[1:])

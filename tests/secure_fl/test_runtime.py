@@ -362,8 +362,12 @@ RESUMED_METHODS = {
 
 
 def resume_experiment(method: str) -> ExperimentConfig:
-    method_lines, secure_lines = RESUMED_METHODS[method]
-    return parse_config(RESUME.format(method=method, method_lines=method_lines, secure_lines=secure_lines))
+    """``METHOD`` (3 of 4 clients a round) or ``METHOD/all`` (every client every round: the total
+    is summed in round 0 only, later rounds repeat it, the restored nodes included)."""
+    name, _, cohort = method.partition("/")
+    method_lines, secure_lines = RESUMED_METHODS[name]
+    text = RESUME.format(method=name, method_lines=method_lines, secure_lines=secure_lines)
+    return parse_config(text.replace("clients_per_round = 3", "clients_per_round = 4") if cohort == "all" else text)
 
 
 class Interrupt(Exception):
@@ -391,7 +395,7 @@ def comparable(row: RoundRow) -> RoundRow:
     return dataclasses.replace(row, seconds=0.0)
 
 
-@pytest.mark.parametrize("method", sorted(RESUMED_METHODS))
+@pytest.mark.parametrize("method", [*sorted(RESUMED_METHODS), "fedavg/all", "climb/all"])
 def test_interrupted_and_resumed_run_ends_as_an_uninterrupted_one(method: str, tmp_path: Path) -> None:
     experiment = resume_experiment(method)
     with RunStore(tmp_path / "straight" / DB_NAME) as store:
@@ -412,8 +416,11 @@ def test_interrupted_and_resumed_run_ends_as_an_uninterrupted_one(method: str, t
     if method == "fedshift":  # keys and prior once, in round 0; the resumed set-up was answered, not redone
         assert {"setup", "label_histogram"} <= set(got[0].bytes)
         assert not [r for r in got[1:] if {"setup", "label_histogram"} & set(r.bytes)]
-    if method == "climb":  # the dual variables moved after the resume, carried on by the restored nodes
+    if method.startswith("climb"):  # the dual variables moved after the resume, carried on by the restored nodes
         assert all(r.metrics.get("lambda_mean") for r in got[2:]) and "climb_dual" in got[3].bytes
+    if method.endswith("/all"):  # one release of the total, in round 0; later rounds carry only the pointers
+        assert [[x.statistic for x in r.releases].count("total_samples") for r in got] == [1, 0, 0, 0]
+        assert all(0 < r.bytes["total_samples"] < got[0].bytes["total_samples"] for r in got[1:])
 
 
 # --- what a round's transcript holds -----------------------------------------------------------
