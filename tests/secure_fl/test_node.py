@@ -179,6 +179,7 @@ def examples() -> list[RuntimeMessage]:
         RuntimeMessage(kind=Kind.ABORT, round=2**40, digest=DIGEST),
         RuntimeMessage(kind=Kind.BULLETIN, round=5, digest=DIGEST, name="total_samples",
                        releases=((0, (0, 1, 2)), (3, (4,)), (4, (1, 2**32 - 2)))),
+        RuntimeMessage(kind=Kind.REUSE, round=6, digest=DIGEST, name="total_samples", releases=((2, (0, 1, 3)),)),
         RuntimeMessage(kind=Kind.REFUSE, round=-1, digest=DIGEST, reason="StageError: nope ✗"),
     ]
 
@@ -210,6 +211,12 @@ def test_runtime_messages_round_trip() -> None:
         with pytest.raises(WireError, match=match):
             RuntimeMessage.from_bytes(RuntimeMessage(kind=Kind.BULLETIN, round=1, digest=DIGEST, name="s",
                                                      releases=releases).to_bytes())
+    two = ((0, (1,)), (1, (1,)))
+    with pytest.raises(WireError, match="one release, not 2"):
+        RuntimeMessage(kind=Kind.REUSE, round=2, digest=DIGEST, name="s", releases=two).to_bytes()
+    bulletin = RuntimeMessage(kind=Kind.BULLETIN, round=2, digest=DIGEST, name="s", releases=two).to_bytes()
+    with pytest.raises(WireError, match="a reuse holds 1 to 1 releases, this one 2"):
+        RuntimeMessage.from_bytes(bulletin[:4] + bytes([int(Kind.REUSE)]) + bulletin[5:])
     long = RuntimeMessage(kind=Kind.REFUSE, round=0, digest=DIGEST, reason="x" * 2000)
     assert len(RuntimeMessage.from_bytes(long.to_bytes()).reason) == 512
 
