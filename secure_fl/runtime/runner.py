@@ -177,7 +177,8 @@ def _mean_present(values: Sequence[float | None]) -> float | None:
 
 
 def _statistics(rows: Sequence[RoundRow]) -> dict[str, dict[str, Any]]:
-    """Per statistic: protocol, bytes, releases, ``clipped`` (entries clipped in all its releases;
+    """Per statistic: protocol, bytes (every message labelled with it, the ``reuse`` pointers of a
+    repeated release included), releases, ``clipped`` (entries clipped in all its releases;
     ``None`` when not counted: noised), ``values`` (entries summed: entries × contributors, over
     its releases; ``None`` when unknown) and ``clipped_fraction`` = clipped / values."""
     out: dict[str, dict[str, Any]] = {}
@@ -193,7 +194,8 @@ def _statistics(rows: Sequence[RoundRow]) -> dict[str, dict[str, Any]]:
                 else entry["clipped"] + release.clipped
             entry["values"] = None if entry["values"] is None or release.values is None \
                 else entry["values"] + release.values
-    for entry in out.values():
+    for name, entry in out.items():
+        entry["bytes"] = max(entry["bytes"], sum(row.bytes.get(name, 0) for row in rows))
         clipped, values = entry["clipped"], entry["values"]
         entry["clipped_fraction"] = clipped / values if clipped is not None and values else (
             0.0 if clipped == 0 else None)

@@ -421,6 +421,8 @@ def test_interrupted_and_resumed_run_ends_as_an_uninterrupted_one(method: str, t
     if method.endswith("/all"):  # one release of the total, in round 0; later rounds carry only the pointers
         assert [[x.statistic for x in r.releases].count("total_samples") for r in got] == [1, 0, 0, 0]
         assert all(0 < r.bytes["total_samples"] < got[0].bytes["total_samples"] for r in got[1:])
+        total = resumed.statistics["total_samples"]  # the pointers' bytes count, the release once
+        assert total["releases"] == 1 and total["bytes"] == sum(r.bytes["total_samples"] for r in got)
 
 
 # --- what a round's transcript holds -----------------------------------------------------------
