@@ -221,7 +221,7 @@ class ServerRound:
             return mean
         actual = self.request(weight, cohort=sent)
         if actual.value is None or actual.contributors != sent or actual.scalar() <= 0:
-            return mean  # more clients lost meanwhile: left as a fresh total followed by a lost update leaves it
+            return mean  # another client lost meanwhile: unscaled, as after a fresh total and a lost update
         return mean * float(total.scalar() / actual.scalar())
 
 

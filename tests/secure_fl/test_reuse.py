@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from protocols import WireError
 from secure_fl.config import parse_config
 from secure_fl.runtime import Simulation, build_simulation
 from secure_fl.runtime.messages import RUNTIME, Kind, RuntimeMessage
+from secure_fl.snapshots import dump_state, load_state
 from secure_fl.stats import TOTAL_SAMPLES
 
 CPU = torch.device("cpu")
@@ -140,3 +142,17 @@ def test_a_client_lost_after_the_pointer_leaves_the_mean_of_those_who_sent() -> 
     assert [(r.name, len(r.contributors)) for r in summed.stats.records if r.round == 1] == \
         [("total_samples", 4), ("model_update", 4)]
     assert torch.allclose(reused.global_vector, summed.global_vector, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [[float("nan")], [], [[1.0]], "many"], ids=["nan", "empty", "matrix", "text"])
+def test_a_snapshot_with_a_malformed_release_is_refused_whole(value: object) -> None:
+    sim = build()
+    sim.run_round()
+    saved = load_state(sim.nodes[0].snapshot())
+    assert saved["participant"]["constants"]["total_samples"]["round"] == 0  # the node keeps it
+    saved["participant"]["constants"]["total_samples"]["value"] = value
+    target = build().nodes[0]
+    before = target.participant.state()
+    with pytest.raises(WireError, match="not a participant snapshot"):
+        target.restore(dump_state(saved))
+    assert target.participant.state() == before
