@@ -195,6 +195,7 @@ def _statistics(rows: Sequence[RoundRow]) -> dict[str, dict[str, Any]]:
             entry["values"] = None if entry["values"] is None or release.values is None \
                 else entry["values"] + release.values
     for name, entry in out.items():
+        # the transcript's count holds the releases' bytes and the pointers; max: rows stored without it
         entry["bytes"] = max(entry["bytes"], sum(row.bytes.get(name, 0) for row in rows))
         clipped, values = entry["clipped"], entry["values"]
         entry["clipped_fraction"] = clipped / values if clipped is not None and values else (

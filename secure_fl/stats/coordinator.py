@@ -212,19 +212,19 @@ class StatsCoordinator:
                 tag: str) -> Release | None:
         """The last release of a constant statistic again, when ``members`` are its contributors
         (see the module docstring); ``None`` when it must be summed."""
-        if not declaration.constant or tag or (self.reuse is None and declaration.reveal.clients):
+        notify, reuse = declaration.reveal.clients, self.reuse  # clients that learn it must be told
+        if not declaration.constant or tag or (notify and reuse is None):
             return None
         earlier = self._constants.get(declaration.name)
         if earlier is None or earlier.contributors != members or earlier.protocol != protocol \
                 or earlier.round >= round:
             return None
-        spent = self.reuse(round, declaration.name, earlier.round, members) \
-            if self.reuse is not None and declaration.reveal.clients else 0
-        release = Release(
+        spent = reuse(round, declaration.name, earlier.round, members) if notify and reuse is not None else 0
+        release = Release(  # never noised (request sums a noised statistic every time): no ε, no noise
             name=declaration.name, round=round, protocol=protocol,
             value=None if earlier.value is None else earlier.value.copy(), contributors=members, dropouts=(),
             learned_by=earlier.learned_by, clipped=None if earlier.clipped is None else 0, bytes=spent,
-            epsilon=earlier.epsilon, noise=earlier.noise, reused_from=earlier.round,
+            reused_from=earlier.round,
         )
         self.records.append(release)
         return release
