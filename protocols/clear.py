@@ -40,7 +40,7 @@ def _read_floats(reader: Reader, length: int) -> Floats:
     count = reader.u32()
     if count != length:
         raise WireError(f"expected {length} floats, got {count}")
-    values = np.frombuffer(reader.raw(4 * count), dtype="<f4").astype(np.float32)
+    values = np.frombuffer(reader.view(4 * count), dtype="<f4").astype(np.float32)
     if not np.all(np.isfinite(values)):
         raise WireError("non-finite float on the wire")
     return values

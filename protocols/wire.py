@@ -210,6 +210,10 @@ class Reader:
     def raw(self, count: int) -> bytes:
         return bytes(self._take(count))
 
+    def view(self, count: int) -> memoryview:
+        """The next ``count`` bytes without a copy (for ``np.frombuffer`` of a long vector)."""
+        return self._take(count)
+
     def blob(self, *, max_len: int = MAX_PAYLOAD) -> bytes:
         length = self.u32()
         if length > max_len:

@@ -130,7 +130,7 @@ class RuntimeMessage:
             kind = Kind(code)
         except ValueError:
             raise WireError(f"unknown runtime message kind {code}") from None
-        reader = Reader(data[_HEADER.size:])
+        reader = Reader(memoryview(data)[_HEADER.size:])
         name, vector, reason = "", None, ""
         releases: list[tuple[int, tuple[int, ...]]] = []
         if kind in _NAMED:
@@ -155,7 +155,7 @@ class RuntimeMessage:
             count = reader.u32()
             if kind == Kind.TRAIN and dimension is not None and count != dimension:
                 raise WireError(f"the model has {dimension} entries, the message {count}")
-            vector = np.frombuffer(reader.raw(4 * count), dtype="<f4").astype(np.float32)
+            vector = np.frombuffer(reader.view(4 * count), dtype="<f4").astype(np.float32)  # its own copy
             if not np.all(np.isfinite(vector)):
                 raise WireError("non-finite value in a broadcast vector")
         if kind == Kind.REFUSE:

@@ -234,7 +234,7 @@ class ClientNode:
             self._broadcast, self._broadcast_round = {}, message.round
         if message.name in self._broadcast:
             raise StageError(f"broadcast {message.name!r} of round {message.round} arrived twice")
-        self._broadcast[message.name] = torch.from_numpy(message.vector.copy()).to(self.data.x.device)
+        self._broadcast[message.name] = torch.from_numpy(message.vector).to(self.data.x.device)
 
     # --- training ------------------------------------------------------------------------------
 
@@ -258,7 +258,7 @@ class ClientNode:
             raise StageError(f"round {r} was trained already (a replay)")
         assert message.vector is not None
         device = self.data.x.device
-        global_vector = torch.from_numpy(message.vector.copy()).to(device)
+        global_vector = torch.from_numpy(message.vector).to(device)
         broadcast = dict(self._broadcast) if self._broadcast_round == r else {}
         attempt = partial(self._attempt, r, global_vector, broadcast)
         if self.pool is None:
