@@ -175,7 +175,7 @@ class Writer:
 class Reader:
     """Strict cursor over a payload: every read is bounds-checked; :meth:`end` refuses leftovers."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self._data = memoryview(data)
         self._pos = 0
 
