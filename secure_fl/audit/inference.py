@@ -288,10 +288,10 @@ def attack_sample_means(ctx: CellContext) -> list[A.AttackResult]:
             note = f"{name} of {len(per_client)} clients read in the clear over {len(profiles)} rounds"
         else:
             for release in releases:
-                if release.round not in profiles or release.value is None:
+                means = release.means()
+                if release.round not in profiles or means is None:
                     continue
-                mean = float(release.value[0]) / max(len(release.contributors), 1)
-                estimate = A.climb_loss_inference(np.array([mean]), profiles[release.round][None, :], prior=ctx.prior)
+                estimate = A.climb_loss_inference(means[:1], profiles[release.round][None, :], prior=ctx.prior)
                 for c in release.contributors:
                     inferred.setdefault(c, estimate)
             note = f"only round sums of {name} readable: each participant gets its first round's estimate"

@@ -519,6 +519,18 @@ def test_climb_losses_are_attacked_where_visible(digits) -> None:
     assert "climb_dual" in losses.note
 
 
+
+def test_climb_losses_from_round_sums_only(digits) -> None:
+    """Under masking the server reads no f_i, only each dual round's sum: every participant gets
+    the estimate from its first round's mean."""
+    _needs("climb")
+    settings = AuditSettings(num_clients=4, clients_per_round=4, rounds=2)
+    cell = audit_cell("climb", "masking", settings, dataset=digits)
+    assert cell.status == "ok", cell.reason
+    losses = _attack(cell, "sample_means")
+    assert losses.targets == 4 and losses.advantage is not None
+    assert "only round sums of climb_dual readable" in losses.note
+
 def test_dubhe_key_is_shared_by_every_client(digits) -> None:
     _needs("dubhe")
     settings = AuditSettings(num_clients=6, clients_per_round=3, rounds=3, key_bits=1024,
