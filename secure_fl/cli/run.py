@@ -66,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--set", action="append", type=_assignment, default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value in every run, e.g. --set train.rounds=3 --set "
                              "secure.protocol=paillier (VALUE is read as TOML, else as a string; repeatable)")
+    parser.add_argument("--jobs", default=1, type=_jobs, metavar="N",
+                        help="play up to N of the config's runs at once, each in its own process (default 1: "
+                             "in turn); with --threads auto each gets max(1, cores / (2 N)) torch threads")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop the batch at the first failed run (default: go on with the next run)")
     parser.add_argument("--engine", choices=ENGINE_CHOICES,
@@ -347,19 +350,22 @@ def run(args: argparse.Namespace) -> int:
         from secure_fl.device import configure_threads, resolve_device
 
         device = resolve_device(args.device)
-        configure_threads(args.threads if args.threads == "auto" else _positive_int(args.threads))
+        threads = configure_threads(args.threads if args.threads == "auto" else _positive_int(args.threads))
+        workers = _workers(args, experiment, threads)
         store = RunStore.open_workspace(args.workspace)
     except (ConfigError, StoreError, ValueError) as error:
         log.error("%s", error)
         return 2
     from secure_fl.runtime import run_experiment
 
-    bars = not (args.json or args.no_progress) and sys.stderr.isatty() and log.isEnabledFor(logging.INFO)
+    bars = not (args.json or args.no_progress) and sys.stderr.isatty() and log.isEnabledFor(logging.INFO) \
+        and workers is None
     progress = _Progress(bars=bars, stream=sys.stderr, config=args.config)
     try:
         with store:
             summaries = run_experiment(experiment, store, device=device, resume=args.resume, observer=progress,
-                                       on_failure="stop" if args.fail_fast else "continue", executor=_dispatch)
+                                       on_failure="stop" if args.fail_fast else "continue", executor=_dispatch,
+                                       workers=workers)
             extras = {s.id: engine_fields(store, s) for s in summaries}
     except StoreError as error:
         progress.close()
@@ -370,6 +376,9 @@ def run(args: argparse.Namespace) -> int:
         if progress.current is not None:
             log.error("interrupted during run %s; continue the batch with: %s", progress.current.id,
                       _resume_command(args, progress.current.id))
+        elif workers is not None:
+            log.error("interrupted; continue the batch with: %s (RUN_ID: any of its runs above, or from "
+                      "`secure-fl runs`)", _resume_command(args, "RUN_ID"))
         raise
     failed = [s for s in summaries if s.status == "failed"]
     if args.json:
@@ -403,6 +412,43 @@ def _resume_command(args: argparse.Namespace, run_id: str) -> str:
             + (f" --engine {args.engine}" if args.engine else "")
             + "".join(f" --set {quote(f'{key}={value}')}" for key, value in args.set)
             + (f" --workspace {quote(str(args.workspace))}" if args.workspace else ""))
+
+
+def _workers(args: argparse.Namespace, experiment: Any, threads: int) -> Any:
+    """``--jobs N`` above 1: the worker processes' settings (their logging and progress lines as
+    this process's, and their torch threads); ``None`` for runs in turn."""
+    if args.jobs == 1:
+        return None
+    import functools
+    import os
+
+    from secure_fl.cli import configure_logging
+    from secure_fl.runtime import Workers
+
+    engines = sorted({run.runtime.engine for run in experiment.runs} - {"embedded"})
+    if engines:
+        raise ValueError(f"--jobs runs the embedded engine's runs side by side; this config runs on {engines[0]} "
+                         "(run it without --jobs)")
+    if args.threads == "auto":
+        threads = max(1, (os.cpu_count() or 2) // (2 * args.jobs))
+    setup = functools.partial(configure_logging, verbose=getattr(args, "verbose", 0), quiet=getattr(args, "quiet", 0),
+                              log_file=getattr(args, "log_file", None))
+    return Workers(count=args.jobs, threads=threads, setup=setup, observer=_line_progress)
+
+
+def _line_progress() -> _Progress:
+    """A worker's progress: the run's header and one log line per round."""
+    return _Progress(bars=False, stream=sys.stderr)
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--jobs must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be a positive integer, got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

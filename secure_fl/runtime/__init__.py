@@ -4,7 +4,8 @@
 * :class:`Simulation` — one run's live state and its rounds (:mod:`.simulation`);
 * :func:`build_simulation` — from a :class:`~secure_fl.config.RunConfig` (:mod:`.build`);
 * :func:`run_experiment` / :func:`execute_run` / :func:`summarize` — runs in turn, written to
-  the :class:`~secure_fl.store.RunStore` round by round, resumable (:mod:`.runner`);
+  the :class:`~secure_fl.store.RunStore` round by round, resumable (:mod:`.runner`), or several at
+  once in worker processes (:class:`Workers`, :mod:`.parallel`);
 * :data:`SELECTION_STRATEGIES` — client selection by name (from :mod:`secure_fl.selection`);
 * :class:`Seeds` — every random draw keyed by (stream, round, client) (:mod:`.rng`).
 """
@@ -16,6 +17,7 @@ from secure_fl.runtime.build import (
     local_training,
     prepare_partition,
 )
+from secure_fl.runtime.parallel import Workers
 from secure_fl.runtime.rng import Seeds
 from secure_fl.runtime.runner import RunObserver, RunSummary, execute_run, run_experiment, summarize
 from secure_fl.runtime.simulation import RoundResult, Simulation, dump_state, load_state
@@ -39,6 +41,7 @@ __all__ = [
     "SelectionContext",
     "SelectionStrategy",
     "Simulation",
+    "Workers",
     "build_simulation",
     "client_data",
     "dump_state",

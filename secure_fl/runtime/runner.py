@@ -23,6 +23,7 @@ import torch
 from secure_fl.config import ExperimentConfig, RunConfig
 from secure_fl.data import Dataset
 from secure_fl.runtime.build import build_simulation, load_run_dataset
+from secure_fl.runtime.parallel import Workers, run_in_workers
 from secure_fl.store import ReleaseRow, RoundPrivacy, RoundRow, RunRow, RunStore, StoreError
 
 __all__ = ["CLIP_WARNING", "Executor", "Harness", "RunObserver", "RunSummary", "describe_error", "describe_run",
@@ -455,6 +456,7 @@ def run_experiment(
     observer: RunObserver | None = None,
     on_failure: Literal["raise", "continue", "stop"] = "raise",
     executor: Executor | None = None,
+    workers: Workers | None = None,
 ) -> list[RunSummary]:
     """Execute the experiment's runs in turn; with ``resume``, continue that run's batch.
 
@@ -463,6 +465,11 @@ def run_experiment(
     logged as one line, its traceback at debug level); ``stop`` the batch there. Either way the
     summaries of the runs executed or found done come back, the failed ones with ``status ==
     "failed"`` and ``error``. Ctrl-C always propagates.
+
+    ``workers`` with a count above one plays the unfinished runs that many at a time, each in its
+    own process (:mod:`secure_fl.runtime.parallel`; ``observer`` is then unused: each worker makes
+    its own); the results are the same runs' to the bit. Runs already running when one fails end
+    first, whatever ``on_failure`` says.
     """
     if resume is None:
         _, run_ids = store.create_batch(name=experiment.name, source=experiment.source,
@@ -470,6 +477,12 @@ def run_experiment(
         rows = [store.run(i) for i in run_ids]
     else:
         rows = resumed_batch(store, experiment, resume)
+    unfinished = [(k, row, config) for k, (row, config) in enumerate(zip(rows, experiment.runs))
+                  if row.status != "done"]
+    if workers is not None and workers.count > 1 and len(unfinished) > 1:
+        run_in_workers(unfinished, total=len(rows), store_path=str(store.path), device=str(device), workers=workers,
+                       executor=executor, on_failure=on_failure)
+        return [summarize(store, row.id) for row in rows if store.run(row.id).status != "pending"]
     summaries = []
     datasets: dict[tuple[Any, ...], Dataset] = {}
     for position, (row, config) in enumerate(zip(rows, experiment.runs)):

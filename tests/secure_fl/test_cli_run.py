@@ -18,6 +18,7 @@ import torch
 from secure_fl.cli import run as run_command
 from secure_fl.cli import runs as runs_command
 from secure_fl.store import DB_NAME, RunStore
+from tests.secure_fl.test_data import _write_cifar
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +120,130 @@ def test_errors_exit_2_and_name_the_problem(tmp_path: Path, capsys: pytest.Captu
     assert cli("run", str(cfg), "--workspace", str(tmp_path / "ws"), "--threads", "zero") == 2
     assert "--threads" in capsys.readouterr().err
 
+
+
+def _outcomes(runs: list[dict[str, object]]) -> list[tuple[object, ...]]:
+    return [(r["method"], r["seed"], r["status"], r["final"], r["tail"], r["bytes"]) for r in runs]
+
+
+def test_jobs_play_the_same_runs_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--jobs 2: the batch's runs in two worker processes give the runs of --jobs 1, to the bit,
+    in the batch's order, and no worker outlives the command."""
+    import multiprocessing
+
+    cfg = write_config(tmp_path, rounds=2, protocol="masking", sweep='[sweep]\nseed = [0, 1]\nmethod = ["fedavg", "climb"]')
+    assert cli("run", str(cfg), "--json", "--workspace", str(tmp_path / "one"), "--threads", "1") == 0
+    one = json.loads(capsys.readouterr().out)["runs"]
+    assert cli("run", str(cfg), "--json", "--workspace", str(tmp_path / "two"), "--threads", "1", "--jobs", "2") == 0
+    captured = capsys.readouterr()
+    two = json.loads(captured.out)["runs"]
+    assert len(two) == 4 and _outcomes(two) == _outcomes(one)
+    assert all(r["status"] == "done" for r in two)
+    assert multiprocessing.active_children() == []
+    with RunStore(tmp_path / "two" / DB_NAME) as store:  # every round stored, as in turn
+        assert all(len(store.rounds(r["id"])) == 2 for r in two)
+
+
+def test_jobs_go_on_after_a_failed_run_and_resume(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that fails in its worker is marked failed, the others finish, the command exits 1
+    with the resume command; after the cause is fixed --resume --jobs plays only the failed run."""
+    monkeypatch.setenv("SECURE_FL_CIFAR10", str(tmp_path / "missing"))
+    cfg = write_config(tmp_path, rounds=1, sweep='[sweep]\ndata.dataset = ["digits", "cifar10"]\nseed = [0, 1]')
+    ws = str(tmp_path / "ws")
+    assert cli("run", str(cfg), "--json", "--workspace", ws, "--threads", "1", "--jobs", "2") == 1
+    captured = capfd.readouterr()
+    runs = json.loads(captured.out)["runs"]
+    assert [r["status"] for r in runs] == ["done", "done", "failed", "failed"]
+    assert "CIFAR-10 not found" in captured.err and "--resume" in captured.err  # the workers' lines, the command's
+    assert captured.err.count("Traceback") == 0
+    _write_cifar(tmp_path / "missing", per_batch=20)  # the cause fixed: the files are there now
+    assert cli("run", str(cfg), "--json", "--workspace", ws, "--threads", "1", "--jobs", "2",
+               "--resume", runs[2]["id"]) == 0
+    resumed = json.loads(capfd.readouterr().out)["runs"]
+    assert [r["id"] for r in resumed] == [r["id"] for r in runs] and all(r["status"] == "done" for r in resumed)
+    assert _outcomes(resumed[:2]) == _outcomes(runs[:2])  # the finished runs were not played again
+
+
+
+def _runs_started(db: Path, rounds: int) -> int:
+    """How many runs of the store have at least ``rounds`` rounds stored."""
+    if not db.exists():
+        return 0
+    try:
+        con = sqlite3.connect(db, timeout=1)
+        try:
+            return int(con.execute("SELECT COUNT(*) FROM runs WHERE rounds_done >= ?", (rounds,)).fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _session_ends(group: int, *, within: float) -> bool:
+    """Whether every process of ``group`` is gone within ``within`` seconds (multiprocessing's
+    resource tracker leaves once it reads the command's end)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.killpg(group, signal.SIGKILL)
+    return False
+
+
+@pytest.mark.parametrize("target", ["group", "command"])
+def test_jobs_interrupted_mark_their_runs_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     target: str) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it, or to the command alone): the
+    runs under way are marked interrupted, the rest stay pending, no worker is left, exit 130;
+    --resume --jobs then finishes the batch with the runs of an uninterrupted batch."""
+    cfg = write_config(tmp_path, rounds=40, protocol="masking", sweep="[sweep]\nseed = [0, 1, 2]")
+    ws = tmp_path / "ws"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "secure_fl.cli.run", str(cfg), "--json", "--workspace", str(ws), "--threads",
+               "1", "--jobs", "2", "--no-progress"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    try:
+        while _runs_started(ws / DB_NAME, 2) < 2:
+            assert process.poll() is None, process.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the two workers did not reach round 2 in time"
+            time.sleep(0.01)
+        if target == "group":
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    assert process.returncode == 130, err.decode()[-2000:]
+    assert _session_ends(process.pid, within=10.0), "a process of the command's session is still running"
+    assert b"--resume RUN_ID" in err
+    with RunStore(ws / DB_NAME) as store:
+        rows = sorted(store.list_runs(), key=lambda r: r.position)
+    assert [(r.status, r.error) for r in rows] == [("failed", "interrupted")] * 2 + [("pending", None)]
+    assert all(2 <= r.rounds_done < 40 for r in rows[:2])
+    if target == "group":
+        assert cli("run", str(cfg), "--json", "--workspace", str(ws), "--threads", "1", "--jobs", "2",
+                   "--resume", rows[0].id) == 0
+        resumed = json.loads(capsys.readouterr().out)["runs"]
+        assert cli("run", str(cfg), "--json", "--workspace", str(tmp_path / "reference"), "--threads", "1") == 0
+        reference = json.loads(capsys.readouterr().out)["runs"]
+        assert _outcomes(resumed) == _outcomes(reference)
+
+def test_jobs_refused_where_they_cannot_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path, rounds=1)
+    with pytest.raises(SystemExit):
+        cli("run", str(cfg), "--workspace", str(tmp_path / "ws"), "--jobs", "0")
+    assert "--jobs must be a positive integer" in capsys.readouterr().err
+    assert cli("run", str(cfg), "--workspace", str(tmp_path / "ws"), "--jobs", "2", "--engine", "flower-simulation") == 2
+    assert "--jobs runs the embedded engine's runs" in capsys.readouterr().err
 
 def test_resume_refuses_a_changed_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ws = str(tmp_path / "ws")
