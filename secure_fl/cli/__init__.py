@@ -108,6 +108,17 @@ def configure_logging(*, verbose: int = 0, quiet: int = 0, log_file: str | None 
     warnings_logger.propagate = False
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer (``argument --jobs: expected a positive integer, got '0'``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def program() -> str:
     """How the user invoked the command, for hints they can paste: ``.venv/bin/secure-fl`` when run
     from there, else ``secure-fl``."""

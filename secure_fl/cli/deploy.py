@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from secure_fl.cli import positive_int
+
 log = logging.getLogger("secure_fl.cli")
 
 __all__ = ["register", "run"]
@@ -48,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Start one SuperLink and N SuperNodes on loopback (free ports, a temporary Flower home), "
                     "run every run of CONFIG as a Flower run, store it, print the results, stop every process.")
     local.add_argument("config", metavar="CONFIG", help="experiment config (TOML), e.g. experiments/deploy/smoke.toml")
-    local.add_argument("--nodes", type=_positive, required=True, metavar="N",
+    local.add_argument("--nodes", type=positive_int, required=True, metavar="N",
                        help="SuperNodes to start, one per client (partition-id 0..N-1): the config's clients")
     local.add_argument("--tls", action="store_true",
                        help="TLS with a generated CA and SuperLink certificate, and node authentication "
@@ -73,16 +75,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                             "temporary directory")
     parser.set_defaults(func=run)
     local.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _positive_float(text: str) -> float:

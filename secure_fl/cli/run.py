@@ -38,6 +38,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from secure_fl.cli import positive_int
 from secure_fl.device import DEVICE_CHOICES
 
 log = logging.getLogger("secure_fl.cli")
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--set", action="append", type=_assignment, default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value in every run, e.g. --set train.rounds=3 --set "
                              "secure.protocol=paillier (VALUE is read as TOML, else as a string; repeatable)")
-    parser.add_argument("--jobs", default=1, type=_jobs, metavar="N",
+    parser.add_argument("--jobs", default=1, type=positive_int, metavar="N",
                         help="play up to N of the config's runs at once, each in its own process (default 1: "
                              "in turn); with --threads auto each gets max(1, cores / (2 N)) torch threads")
     parser.add_argument("--fail-fast", action="store_true",
@@ -439,16 +440,6 @@ def _workers(args: argparse.Namespace, experiment: Any, threads: int) -> Any:
 def _line_progress() -> _Progress:
     """A worker's progress: the run's header and one log line per round."""
     return _Progress(bars=False, stream=sys.stderr)
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--jobs must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--jobs must be a positive integer, got {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:

@@ -241,7 +241,7 @@ def test_jobs_refused_where_they_cannot_apply(tmp_path: Path, capsys: pytest.Cap
     cfg = write_config(tmp_path, rounds=1)
     with pytest.raises(SystemExit):
         cli("run", str(cfg), "--workspace", str(tmp_path / "ws"), "--jobs", "0")
-    assert "--jobs must be a positive integer" in capsys.readouterr().err
+    assert "argument --jobs: expected a positive integer" in capsys.readouterr().err
     assert cli("run", str(cfg), "--workspace", str(tmp_path / "ws"), "--jobs", "2", "--engine", "flower-simulation") == 2
     assert "--jobs runs the embedded engine's runs" in capsys.readouterr().err
 
