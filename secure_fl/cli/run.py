@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "run",
         help="run the federated experiments a TOML config defines",
-        description="Run every run CONFIG defines (methods × protocols × seeds ...), in turn, "
-                    "storing each round in the workspace's SQLite store as it ends.",
+        description="Run every run CONFIG defines (methods × protocols × seeds ...), in turn or --jobs N "
+                    "at once, storing each round in the workspace's SQLite store as it ends.",
     )
     parser.add_argument("config", metavar="CONFIG", help="experiment config (TOML), e.g. experiments/demo.toml")
     parser.add_argument("--resume", metavar="RUN_ID", help="continue the interrupted batch this run belongs to")

@@ -4,10 +4,10 @@ The runs of one config are independent experiments, so a machine with more cores
 uses can run several at once. Each worker is a fresh (``spawn``) interpreter that opens the
 batch's store itself, loads its run's dataset and plays the run with the same executor as the
 sequential path; nothing but the store's path, the run's id and its config (plain data) crosses
-into it, and only the run's id and status come back: rounds, checkpoints and summaries go
-through the store (SQLite in WAL mode, so runs write their rounds side by side). A run is
-therefore the same experiment, to the bit, whichever path or worker plays it, and ``--resume``
-continues a parallel batch like any other.
+into it, and only its exit status comes back: rounds, checkpoints and summaries go through the
+store (SQLite in WAL mode, so runs write their rounds side by side). A run is therefore the same
+experiment, to the bit, whichever path or worker plays it with the same number of torch threads,
+and ``--resume`` continues a parallel batch like any other.
 
 Why processes and not threads: training holds the GIL between torch calls, and the protocols'
 Python work is most of a round's time in the statistics-heavy configs.
