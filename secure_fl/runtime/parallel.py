@@ -62,8 +62,6 @@ class RunFailedError(RuntimeError):
     """A run played in a worker failed (its reason is in the store and was logged by the worker)."""
 
 
-INTERRUPT_GRACE = 2.0
-"""Seconds the workers get to stop by themselves after Ctrl-C reached the whole process group."""
 STOP_WAIT = 30.0
 """Seconds a worker gets, after its own SIGINT, to mark its run interrupted before it is terminated."""
 
@@ -109,8 +107,8 @@ def run_in_workers(runs: Sequence[tuple[int, RunRow, RunConfig]], *, total: int,
 
 
 def _stop(processes: Sequence[BaseProcess]) -> None:
-    """Interrupt the workers like the sequential path's Ctrl-C, and never leave one behind."""
-    wait([p.sentinel for p in processes], timeout=INTERRUPT_GRACE)
+    """Interrupt the workers like the sequential path's Ctrl-C, and never leave one behind. A
+    terminal's Ctrl-C reached them already; they take only the first SIGINT (:func:`_interrupt_once`)."""
     for process in processes:
         if process.exitcode is None and process.pid is not None:
             os.kill(process.pid, signal.SIGINT)
@@ -125,6 +123,7 @@ def _play(store_path: str, run_id: str, config: dict[str, Any], position: int, t
           workers: Workers, executor: Executor | None) -> None:
     """One run in its worker process (its own store connection, dataset and torch threads); the
     exit status says whether it finished (0), failed (1) or was interrupted (130)."""
+    signal.signal(signal.SIGINT, _interrupt_once)
     if workers.setup is not None:
         workers.setup()
     import torch
@@ -146,3 +145,10 @@ def _play(store_path: str, run_id: str, config: dict[str, Any], position: int, t
         log.error("run %s (%d/%d) failed: %s", run_id, position + 1, total, describe_error(error))
         log.debug("traceback of run %s", run_id, exc_info=True)
         sys.exit(1)
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    """A worker's Ctrl-C: one KeyboardInterrupt (the terminal's and the command's forward may both
+    arrive; a second must not interrupt the run being marked interrupted)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
