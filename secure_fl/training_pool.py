@@ -270,11 +270,14 @@ def train_cohort(trainer: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Local
     with torch.no_grad():
         xs = [job.data.x for job in sorted_jobs]
         y_all = torch.cat([job.data.y for job in sorted_jobs]) if sum(sizes) else jobs[0].data.y
-        state = torch.stack([job.start.to(device, torch.float32) for job in sorted_jobs])  # [K, D]
-        # one contiguous [K, *shape] tensor per model tensor: the optimiser's passes stay dense
-        views = {name: state[:, sl].reshape(K, *shape).contiguous() for name, sl, shape in
-                 zip(layout.names, _slices(layout.numels), layout.shapes)}
-        del state
+        # one contiguous [K, *shape] tensor per model tensor (the optimiser's passes stay dense),
+        # each row copied from its client's start in one pass, converted on the way
+        views = {name: torch.empty((K, *shape), dtype=torch.float32, device=device) for name, shape in
+                 zip(layout.names, layout.shapes)}
+        parts = list(zip(layout.names, _slices(layout.numels), layout.shapes))
+        for k, job in enumerate(sorted_jobs):
+            for name, sl, shape in parts:
+                views[name][k].copy_(job.start[sl].view(shape))
     index, mask, steps = _schedule(sorted_jobs, epochs=training.epochs, batch=training.batch_size,
                                    offsets=[0] * K, device=device)
     gather = _Gather(xs, y_all, torch.tensor(offsets, dtype=torch.long, device=device), training.batch_size)
@@ -353,11 +356,11 @@ def train_cohort(trainer: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Local
         for key, value in other.items():
             if key.endswith("num_batches_tracked"):
                 value.add_(sum(steps))  # the loop counts every client's batches on the shared model
-    final = torch.cat([views[name].reshape(K, -1) for name in layout.names], dim=1)
+    flat = [views[name].reshape(K, -1) for name in layout.names]
     results: list[LocalResult | None] = [None] * K
     for k, position in enumerate(order):
         n_steps = steps[k]
-        results[position] = LocalResult(vector=final[k].clone(), steps=n_steps,
+        results[position] = LocalResult(vector=torch.cat([rows[k] for rows in flat]), steps=n_steps,
                                         loss=float(totals[k]) / max(n_steps, 1))
     return [r for r in results if r is not None]
 
