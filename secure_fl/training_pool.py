@@ -277,7 +277,7 @@ def train_cohort(trainer: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Local
         parts = list(zip(layout.names, _slices(layout.numels), layout.shapes))
         for k, job in enumerate(sorted_jobs):
             for name, sl, shape in parts:
-                views[name][k].copy_(job.start[sl].view(shape))
+                views[name][k].copy_(job.start[sl].reshape(shape))
     index, mask, steps = _schedule(sorted_jobs, epochs=training.epochs, batch=training.batch_size,
                                    offsets=[0] * K, device=device)
     gather = _Gather(xs, y_all, torch.tensor(offsets, dtype=torch.long, device=device), training.batch_size)

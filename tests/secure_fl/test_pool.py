@@ -130,6 +130,30 @@ def test_clients_on_different_learning_rates_match_the_loop(digits: Any, nestero
             lr=[0.05 * 0.5 ** (i % 3) for i in range(len(clients))])
 
 
+def test_starts_of_any_layout_and_precision_train_alike(digits: Any) -> None:
+    """Each client's start is copied into the cohort's rows as it comes: a strided view or a
+    float64 vector trains exactly like the contiguous float32 one."""
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,)).to(DEVICE)
+    trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("ce"))
+    start = trainer.layout.flatten()
+    strided = torch.stack([start, torch.zeros_like(start)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    clients = clients_of(digits)
+
+    def train(first: torch.Tensor) -> list[torch.Tensor]:
+        starts = [first] + [start] * (len(clients) - 1)
+        jobs = [CohortJob(data=c, start=s, lr=0.05, shuffle=torch.Generator().manual_seed(c.client_id),
+                          objective=LocalObjective()) for c, s in zip(clients, starts)]
+        return [r.vector for r in train_cohort(trainer, jobs)]
+
+    reference = train(start)
+    for first in (strided, start.double()):
+        for a, b in zip(reference, train(first)):
+            assert a.dtype == b.dtype == torch.float32
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("norm", [False, True])
 def test_clients_sliced_from_one_tensor_train_like_separate_ones(digits: Any, norm: bool) -> None:
     """Row slices of one tensor (``client_data``'s layout) take the one-gather path; copies the
