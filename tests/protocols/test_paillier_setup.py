@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gmpy2
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from protocols import (
     make_sum,
 )
 from protocols.descriptors import descriptor
+from protocols import paillier as paillier_session
 from protocols.paillier import PaillierClientSession, PaillierOptions, PaillierServerSession, Stage
 from protocols.paillier_common import (
     read_setup_params,
@@ -211,15 +214,28 @@ def test_a_lost_agent_aborts_the_setup():
     assert not session.server.ready
 
 
-def test_a_client_lost_during_setup_sits_out_the_sums():
+def _draw_agent(monkeypatch: pytest.MonkeyPatch, agent: int) -> None:
+    """Fix the server's draw of the key agent (``secrets.choice`` in ``protocols.paillier`` only)."""
+    monkeypatch.setattr(paillier_session, "secrets", SimpleNamespace(choice=lambda clients: agent))
+
+
+def test_a_lost_agent_during_setup_aborts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _draw_agent(monkeypatch, 3)  # the agent itself vanishes: nobody can get a sealed key
     network = LocalNetwork()
     session = make_sum("paillier", clients=range(5), network=network, keyholder="all", **WEAK)
     network.plan("paillier", DropoutPlan({3: "sealed_key"}), STAGES)
-    try:
+    with pytest.raises(AbortedError, match="agent"):
         session.setup()
-    except AbortedError as error:
-        assert "agent" in str(error)
-        pytest.skip("the agent was drawn as the lost client")  # then nobody gets a sealed key
+    assert not session.server.ready
+
+
+def test_a_client_lost_during_setup_sits_out_the_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    _draw_agent(monkeypatch, 0)  # any agent but the lost client; the draw itself is tested above
+    network = LocalNetwork()
+    session = make_sum("paillier", clients=range(5), network=network, keyholder="all", **WEAK)
+    network.plan("paillier", DropoutPlan({3: "sealed_key"}), STAGES)
+    session.setup()
+    assert session.server.agent == 0
     network.plan("paillier", None, STAGES)
     assert session.server.holders == frozenset({0, 1, 2, 4}) and session.client_session(3).keys is None
     inputs = inputs_for(5, 6, 3)
