@@ -23,8 +23,8 @@ from protocols import (
     WireError,
     make_sum,
 )
-from protocols.descriptors import descriptor
 from protocols import paillier as paillier_session
+from protocols.descriptors import descriptor
 from protocols.paillier import PaillierClientSession, PaillierOptions, PaillierServerSession, Stage
 from protocols.paillier_common import (
     read_setup_params,
@@ -230,7 +230,7 @@ def test_a_lost_agent_during_setup_aborts_it(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_client_lost_during_setup_sits_out_the_sums(monkeypatch: pytest.MonkeyPatch) -> None:
-    _draw_agent(monkeypatch, 0)  # any agent but the lost client; the draw itself is tested above
+    _draw_agent(monkeypatch, 0)  # any agent but the lost client (the lost agent is the test above)
     network = LocalNetwork()
     session = make_sum("paillier", clients=range(5), network=network, keyholder="all", **WEAK)
     network.plan("paillier", DropoutPlan({3: "sealed_key"}), STAGES)
