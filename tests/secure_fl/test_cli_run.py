@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -180,6 +182,18 @@ def _session_ends(group: int, *, within: float) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _sigint_as_in_a_terminal() -> Iterator[None]:
+    """Start the command with a foreground job's SIGINT: a test session started in the background
+    (``cmd &`` without job control) has SIGINT ignored, a child would inherit that and never see
+    Ctrl-C. A handled signal is reset to the default in the child, where Python installs its own."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("target", ["group", "command"])
 def test_jobs_interrupted_mark_their_runs_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      target: str) -> None:
@@ -191,8 +205,9 @@ def test_jobs_interrupted_mark_their_runs_and_resume(tmp_path: Path, capsys: pyt
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, "-m", "secure_fl.cli.run", str(cfg), "--json", "--workspace", str(ws), "--threads",
                "1", "--jobs", "2", "--no-progress"]
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True)
+    with _sigint_as_in_a_terminal():
+        process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 120
     try:
         while sum(n >= 2 for n in _rounds_per_run(ws / DB_NAME)) < 2:
