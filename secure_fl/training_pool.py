@@ -17,6 +17,10 @@ the loop gives it:
 * its own objective: per-client class weights and logit shift, and a gradient correction
   (FedProx, SCAFFOLD) called on that client's rows after each gradient, as the loop calls it.
 
+A model that is only ``Flatten, Linear, ReLU, …`` (the MLP) skips ``torch.func`` for its
+forward and backward: :mod:`secure_fl.training_chain` writes them as batched products, which
+saves that machinery's per-step cost; the loss and everything after the gradient are shared.
+
 The loss enters through :data:`BATCHED_LOSSES`: a masked, ``vmap``-safe form of each registered
 loss that gives the same value as the loss on the unpadded batch. A loss without one (or a
 model ``torch.func`` cannot run) is not vectorisable: :func:`vectorisable` says why, and the
@@ -38,6 +42,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from secure_fl.losses import GHMC, MFE, CrossEntropy, Focal, Loss, MeanSquaredError, RatioLoss
 from secure_fl.training import ClientData, LocalObjective, LocalResult, LocalTrainer, LocalTraining
+from secure_fl.training_chain import chain_step, linear_chain
 
 __all__ = [
     "BATCHED_LOSSES", "BatchedLoss", "CohortJob", "chunk_size", "client_bytes", "cohort_key", "register_batched_loss",
@@ -45,14 +50,15 @@ __all__ = [
 ]
 
 BatchedLoss = Callable[[Loss, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-"""``(loss, logits [b, C], target [b], mask [b], class_weight [C] | None) -> scalar``: the loss of
-the batch's unmasked samples, written without data-dependent control flow (it runs under vmap)."""
+"""``(loss, logits [K, b, C], target [K, b], mask [K, b], class_weight [K, C] | None) -> [K]``: each
+of ``K`` clients' loss of its batch's unmasked samples, every reduction over the batch axis only and
+without data-dependent control flow (the torch.func path runs it under vmap with ``K = 1``)."""
 
 BATCHED_LOSSES: dict[type[Loss], BatchedLoss] = {}
 
 
 def register_batched_loss(cls: type[Loss]) -> Callable[[BatchedLoss], BatchedLoss]:
-    """Decorator: the masked, vmap-safe form of loss class ``cls``."""
+    """Decorator: the masked, per-client batched form of loss class ``cls``."""
     def deco(fn: BatchedLoss) -> BatchedLoss:
         BATCHED_LOSSES[cls] = fn
         return fn
@@ -61,18 +67,23 @@ def register_batched_loss(cls: type[Loss]) -> Callable[[BatchedLoss], BatchedLos
 
 def _weighted_mean(per_sample: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
                    class_weight: torch.Tensor | None) -> torch.Tensor:
-    """``mean_j w[y_j] ℓ_j`` over the unmasked samples (every loss here but GHM-C's and MFE's batch terms)."""
+    """``mean_j w[y_j] ℓ_j`` over each client's unmasked samples (every loss here but GHM-C's and MFE's batch terms)."""
     if class_weight is not None:
-        per_sample = class_weight[target] * per_sample
-    return (per_sample * mask).sum() / mask.sum()
+        per_sample = class_weight.gather(-1, target) * per_sample
+    return (per_sample * mask).sum(-1) / mask.sum(-1)
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-sample cross-entropy, ``[K, b]`` (F.cross_entropy wants the classes on axis 1)."""
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none",
+                           label_smoothing=label_smoothing).view_as(target)
 
 
 @register_batched_loss(CrossEntropy)
 def _ce(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
         class_weight: torch.Tensor | None) -> torch.Tensor:
     assert isinstance(loss, CrossEntropy)
-    per_sample = F.cross_entropy(logits, target, reduction="none", label_smoothing=loss.label_smoothing)
-    return _weighted_mean(per_sample, target, mask, class_weight)
+    return _weighted_mean(_cross_entropy(logits, target, loss.label_smoothing), target, mask, class_weight)
 
 
 @register_batched_loss(Focal)
@@ -88,7 +99,7 @@ def _focal(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.T
 def _ratio(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
            class_weight: torch.Tensor | None) -> torch.Tensor:
     assert isinstance(loss, RatioLoss)
-    per_sample = F.cross_entropy(logits, target, reduction="none")
+    per_sample = _cross_entropy(logits, target)
     if class_weight is None:
         return loss.alpha * _weighted_mean(per_sample, target, mask, None)
     return _weighted_mean(per_sample, target, mask, class_weight)
@@ -109,38 +120,38 @@ def _mse(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.Ten
 @register_batched_loss(GHMC)
 def _ghmc(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
           class_weight: torch.Tensor | None) -> torch.Tensor:
-    """GHM-C with the bin counts of the unmasked samples only (see :class:`~secure_fl.losses.GHMC`)."""
+    """GHM-C with each client's bin counts of its unmasked samples only (see :class:`~secure_fl.losses.GHMC`)."""
     assert isinstance(loss, GHMC)
     with torch.no_grad():
         p_t = F.softmax(logits.detach().float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
         g = (1.0 - p_t).clamp(0.0, 1.0)
         index = torch.clamp((g * loss.bins).long(), max=loss.bins - 1)
         member = (index.unsqueeze(-1) == torch.arange(loss.bins, device=g.device)).to(g.dtype) * mask.unsqueeze(-1)
-        counts = member.sum(0)
-        occupied = (counts > 0).sum().to(g.dtype).clamp(min=1.0)
-        beta = (mask.sum() / ((member * counts).sum(-1).clamp(min=1.0) * occupied)).to(logits.dtype)
-    per_sample = F.cross_entropy(logits, target, reduction="none") * beta
+        counts = member.sum(-2, keepdim=True)  # [K, 1, bins]
+        occupied = (counts > 0).sum(-1).to(g.dtype).clamp(min=1.0)  # [K, 1]
+        beta = (mask.sum(-1, keepdim=True) / ((member * counts).sum(-1).clamp(min=1.0) * occupied)).to(logits.dtype)
+    per_sample = _cross_entropy(logits, target) * beta
     return _weighted_mean(per_sample, target, mask, class_weight)
 
 
 @register_batched_loss(MFE)
 def _mfe(loss: Loss, logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
          class_weight: torch.Tensor | None) -> torch.Tensor:
-    """MFE over the classes present among the unmasked samples (see :class:`~secure_fl.losses.MFE`)."""
+    """MFE over the classes present among each client's unmasked samples (see :class:`~secure_fl.losses.MFE`)."""
     assert isinstance(loss, MFE)
     errors = _squared_errors(logits, target)
     member = (target.unsqueeze(-1) == torch.arange(logits.shape[-1], device=logits.device)).to(errors.dtype)
     member = member * mask.unsqueeze(-1)
-    counts = member.sum(0)
-    sums = (member * errors.unsqueeze(-1)).sum(0)
+    counts = member.sum(-2)  # [K, C]
+    sums = (member * errors.unsqueeze(-1)).sum(-2)
     present = counts > 0
     per_class = torch.where(present, sums / counts.clamp(min=1.0), torch.zeros_like(sums))
     if loss.variant == "msfe":
         per_class = per_class ** 2
     if class_weight is not None:
         per_class = class_weight.to(per_class.dtype) * per_class
-    total = per_class.sum()
-    return total / present.sum().to(total.dtype) if loss.reduction == "mean" else total
+    total = per_class.sum(-1)
+    return total / present.sum(-1).to(total.dtype) if loss.reduction == "mean" else total
 
 
 # --- what can be vectorised ------------------------------------------------------------------------
@@ -294,19 +305,29 @@ def train_cohort(trainer: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Local
     loss_fn, loss = BATCHED_LOSSES[type(trainer.loss)], trainer.loss
     other = {k: v for k, v in layout.other.items()}  # integer buffers: shared, as in the loop
 
+    def logits_loss(logits: torch.Tensor, y: torch.Tensor, m: torch.Tensor, w: torch.Tensor | None,
+                    s: torch.Tensor | None) -> torch.Tensor:
+        """Each client's objective on its batch's logits: ``[K, b, C]`` (with ``[K, b]`` targets and
+        mask, ``[K, C]`` weights and shifts) to ``[K]``."""
+        if s is not None:
+            logits = logits + s.unsqueeze(-2)
+        mf = m.to(logits.dtype)
+        value = loss_fn(loss, logits, y, mf, w)
+        if weighted_mean:
+            assert w is not None
+            value = value / ((w.gather(-1, y) * mf).sum(-1) / mf.sum(-1))
+        return value
+
+    def one(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.unsqueeze(0)
+
     def client_loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor,
                     y: torch.Tensor, m: torch.Tensor, w: torch.Tensor | None,
                     s: torch.Tensor | None, counters: dict[str, torch.Tensor],
                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         before = {name: t.clone() for name, t in buffers.items()}  # whether or not the forward writes them
         logits = functional_call(model, ({**params, **buffers, **counters}), (x,))
-        if s is not None:
-            logits = logits + s
-        mf = m.to(logits.dtype)
-        value = loss_fn(loss, logits, y, mf, w)
-        if weighted_mean:
-            assert w is not None
-            value = value / ((w[y] * mf).sum() / mf.sum())
+        value = logits_loss(logits.unsqueeze(0), y.unsqueeze(0), m.unsqueeze(0), one(w), one(s))[0]  # a cohort of 1
         # vmap does not write BatchNorm's running statistics back: update them from the batch's moments
         updated = dict(before)
         for prefix_, (mean, var) in moments.items():
@@ -329,9 +350,14 @@ def train_cohort(trainer: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Local
             moments[name] = (x.mean(dims), x.var(dims, unbiased=True))
         return hook
 
+    chain = linear_chain(model)
+    step_fn: Callable[..., tuple[dict[str, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]]
+    if chain is not None:  # Linear and ReLU only: gradients by hand, without torch.func's per-step cost
+        step_fn = chain_step(chain, logits_loss)
+    else:
+        step_fn = vmap(grad_and_value(client_loss, has_aux=True),
+                       in_dims=(0, 0, 0, 0, 0, None if weights is None else 0, None if shifts is None else 0, None))
     handles = [m.register_forward_hook(capture(name)) for name, m in norms.items()]
-    step_fn = vmap(grad_and_value(client_loss, has_aux=True), in_dims=(0, 0, 0, 0, 0, None if weights is None else 0,
-                                                         None if shifts is None else 0, None))
     totals = torch.zeros(K, dtype=torch.float32, device=device)
     groups_by_size = bool(norms)  # padding would enter BatchNorm's batch statistics
     model.train()

@@ -22,13 +22,15 @@ import numpy as np
 import pytest
 import torch
 
+from secure_fl import training_pool
 from secure_fl.algorithms import ClientData, LocalObjective, LocalTrainer, LocalTraining
 from secure_fl.config import parse_config
 from secure_fl.data import load_dataset
 from secure_fl.losses import LOSSES, Loss, make_loss, register_loss
-from secure_fl.models import build_model
+from secure_fl.models import MLP, build_model
 from secure_fl.runtime import build_simulation
-from secure_fl.runtime.pool import ClientPool
+from secure_fl.runtime.pool import ClientPool, cpu_state_budget, last_level_cache
+from secure_fl.training_chain import linear_chain
 from secure_fl.training_pool import (
     CohortJob,
     _rows_of_one_tensor,
@@ -196,6 +198,73 @@ def test_convolutional_models_match_the_loop(digits: Any, name: str) -> None:
             lr=0.01)
 
 
+def test_linear_chains_take_the_hand_written_step_and_nothing_else() -> None:
+    """The MLP (any depth) and a plain Flatten-Linear-ReLU Sequential are chains; a model with any
+    other layer, another flatten, or its own forward goes through torch.func."""
+    def mlp(**options: Any) -> torch.nn.Module:
+        return build_model("mlp", input_shape=(1, 8, 8), num_classes=10, **options)
+
+    layers = linear_chain(mlp(hidden=(16, 12)))
+    assert layers is not None
+    assert [(layer.weight, layer.bias, layer.relu) for layer in layers] == [
+        ("net.1.weight", "net.1.bias", True), ("net.3.weight", "net.3.bias", True), ("net.5.weight", "net.5.bias", False)]
+    nn = torch.nn
+    assert linear_chain(nn.Sequential(nn.Flatten(), nn.Linear(64, 10, bias=False))) is not None
+
+    class Scaled(MLP):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    refused: list[torch.nn.Module] = [
+        build_model("lenet5", input_shape=(1, 8, 8), num_classes=10),
+        Scaled(input_shape=(1, 8, 8), num_classes=10),
+        nn.Sequential(nn.Linear(8, 10)),  # no Flatten: Linear would act on the last axis only
+        nn.Sequential(nn.Flatten(start_dim=2), nn.Linear(8, 10)),
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Dropout(), nn.Linear(16, 10)),
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10)),
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.ReLU(), nn.Linear(16, 10)),
+        nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.Linear(16, 10)),
+        nn.Sequential(nn.Flatten()),
+    ]
+    assert [linear_chain(model) for model in refused] == [None] * len(refused)
+
+
+@pytest.mark.parametrize("kind", ["plain", "weights", "weighted_mean", "shift", "proximal"])
+@pytest.mark.parametrize("loss", ["ce", "focal", "ghmc", "mfe"])
+def test_deep_and_bias_free_chains_match_the_loop(digits: Any, kind: str, loss: str) -> None:
+    """Two ReLU layers, and a chain without biases or a ReLU before the logits: the hand-written
+    backward agrees with the loop's autograd for every kind of objective."""
+    torch.manual_seed(0)
+    deep = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16, 12)).to(DEVICE)
+    nn = torch.nn
+    bare = nn.Sequential(nn.Flatten(), nn.Linear(64, 16, bias=False), nn.ReLU(), nn.Linear(16, 10, bias=False),
+                         nn.ReLU()).to(DEVICE)
+    for model in (deep, bare):
+        assert linear_chain(model) is not None
+        compare(LocalTrainer(model, training=TRAINING, loss=make_loss(loss)), clients_of(digits), kind)
+
+
+def test_the_chain_step_agrees_with_the_torch_func_step(digits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same cohort trained with the hand-written step and, with it switched off, through torch.func."""
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16, 12)).to(DEVICE)
+    trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("focal"))
+    start = trainer.layout.flatten()
+    clients = clients_of(digits)
+
+    def train() -> list[Any]:
+        return train_cohort(trainer, [CohortJob(data=c, start=start, lr=0.05, shuffle=torch.Generator().manual_seed(
+            c.client_id), objective=objective("shift", c, trainer, start)) for c in clients])
+
+    chained = train()
+    monkeypatch.setattr(training_pool, "linear_chain", lambda _model: None)
+    functional = train()
+    for a, b in zip(chained, functional):
+        assert a.steps == b.steps
+        assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-7)
+        torch.testing.assert_close(a.vector, b.vector, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_batch_norm_keeps_per_client_running_statistics(digits: Any) -> None:
     torch.manual_seed(0)
@@ -352,3 +421,15 @@ def test_what_cannot_be_vectorised_falls_back_to_the_loop_and_says_so(caplog: py
     assert sim.pool is None
     said = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
     assert len(said) == 1 and "no batched form" in said[0]
+
+
+def test_the_cpu_chunk_budget_follows_the_last_level_cache(tmp_path: Any) -> None:
+    for index, size in (("index0", "48K"), ("index2", "1024K"), ("index3", "32768K"), ("index4", "n/a")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert last_level_cache(tmp_path) == 32 << 20
+    assert last_level_cache(tmp_path / "missing") is None
+    assert cpu_state_budget(32 << 20) == 24 << 20
+    assert cpu_state_budget(480 << 20) == 128 << 20  # capped
+    assert cpu_state_budget(4 << 20) == 16 << 20  # a chunk still amortises a step's fixed cost
+    assert cpu_state_budget(None) == 128 << 20
