@@ -54,6 +54,7 @@ log = logging.getLogger("secure_fl.run")
 DEFAULT_CPU_BUDGET = 4 << 30
 """Bytes a cohort chunk may take on the CPU (CUDA: 80 % of the free device memory)."""
 
+
 def last_level_cache(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """Bytes of the first CPU's largest cache as Linux reports it (``index*/size``: "32768K");
     ``None`` where the kernel does not say (another OS, a container without sysfs)."""
@@ -79,11 +80,11 @@ def cpu_state_budget(cache: int | None) -> int:
 
 CPU_STATE_BUDGET = cpu_state_budget(last_level_cache())
 """On the CPU, a chunk's per-client model state (weights, gradients, momentum: 6 × 4 bytes per entry)
-is also kept within the last-level cache: each step streams it several times. Measured on two
-2-vCPU VM types, one FedAvg round of 100 MLP clients (``bench/simulation.py``): with a 32 MiB L3
-(AMD EPYC), chunks of 5-8 clients (16-24 MiB) ran ~7 % faster than chunks of 34 (128 MiB) and
-~25 % faster than 2 (8 MiB), where each step's fixed cost dominates; with a 480 MiB L3 (Intel
-Xeon), 128 MiB was the fastest of 32-1024 MiB. The GPU takes the whole cohort its memory allows."""
+is also kept within the last-level cache: each step streams it several times. One FedAvg round of
+100 MLP clients (docs/performance.md, issue 24): with a 32 MiB L3 (AMD EPYC) and the hand-written
+MLP step, chunks of 16-24 MiB (5-8 clients) took 0.55 s, 64 MiB 0.65 s, 8 MiB (2 clients, where
+each step's fixed cost dominates) 0.68 s; with a 480 MiB L3 (Intel Xeon, before that step), 128
+MiB was the fastest of 16-512 MiB. The GPU takes the whole cohort its memory allows."""
 
 Attempt = Callable[[LocalTrainer], tuple[LocalUpdate, Any]]
 """One run of a node's ``method.train`` on the given trainer: (its update, its context)."""
