@@ -21,10 +21,10 @@ A model that is only ``Flatten, Linear, ReLU, …`` (the MLP) skips ``torch.func
 forward and backward: :mod:`secure_fl.training_chain` writes them as batched products, which
 saves that machinery's per-step cost; the loss and everything after the gradient are shared.
 
-The loss enters through :data:`BATCHED_LOSSES`: a masked, ``vmap``-safe form of each registered
-loss that gives the same value as the loss on the unpadded batch. A loss without one (or a
-model ``torch.func`` cannot run) is not vectorisable: :func:`vectorisable` says why, and the
-caller trains those clients one after another.
+The loss enters through :data:`BATCHED_LOSSES`: a masked form of each registered loss over a
+cohort axis (``[K, b, C]`` logits to ``[K]`` losses) that gives each client the loss of its
+unpadded batch. A loss without one (or a model ``torch.func`` cannot run) is not vectorisable:
+:func:`vectorisable` says why, and the caller trains those clients one after another.
 
 Results agree with the loop to float tolerance (summation order differs), not bit for bit.
 """
