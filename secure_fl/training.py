@@ -193,10 +193,18 @@ class LocalTrainer:
         self.layout = FlatLayout(model)
         self.training = training
         self.loss = loss
-        self.optimizer = torch.optim.SGD(
-            self.layout.parameters, lr=training.lr, momentum=training.momentum,
-            weight_decay=training.weight_decay, nesterov=training.nesterov,
-        )
+        self._optimizer: torch.optim.SGD | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.SGD:
+        """Built on first use: the client pool never steps it, and a process's first ``torch.optim``
+        optimiser imports ``torch._dynamo`` (~0.9 s of a run's start-up)."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.SGD(
+                self.layout.parameters, lr=self.training.lr, momentum=self.training.momentum,
+                weight_decay=self.training.weight_decay, nesterov=self.training.nesterov,
+            )
+        return self._optimizer
 
     def train(
         self,

@@ -101,13 +101,16 @@ class _Recorder(LocalTrainer):
     def __init__(self, base: LocalTrainer, results: Sequence[LocalResult] = (),
                  losses: Sequence[float] = ()) -> None:
         self.model, self.layout, self.training, self.loss = base.model, base.layout, base.training, base.loss
-        self.optimizer = base.optimizer
         self.base = base
         self.job: CohortJob | None = None
         self.results = list(results)
         self.losses = list(losses)
         """Collect: the ``mean_loss`` values computed so far; replay: the collect run's, in order."""
         self.replaying = bool(results)
+
+    @property
+    def optimizer(self) -> torch.optim.SGD:
+        return self.base.optimizer
 
     def mean_loss(self, data: ClientData, vector: torch.Tensor, *, chunk: int = 4096) -> float:
         """Computed once, in the collect run; the replay gets the same value back (same weights, same data)."""
@@ -189,6 +192,9 @@ class ClientPool:
             groups.setdefault(cohort_key(job), []).append(position)
         out: list[LocalResult | None] = [None] * len(jobs)
         for positions in groups.values():
+            # by size, largest first: a chunk runs as many steps as its largest client, so chunks of
+            # like sizes run fewer steps in all (results do not depend on the chunk a client is in)
+            positions.sort(key=lambda p: -jobs[p].data.num_samples)
             for chunk in self._chunks([jobs[p] for p in positions]):
                 trained = train_cohort(self.trainer, [jobs[positions[i]] for i in chunk])
                 self.cohorts += 1

@@ -336,6 +336,32 @@ def test_chunks_by_memory_budget_give_the_same_results(digits: Any) -> None:
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_chunks_hold_clients_of_like_sizes(digits: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk runs as many steps as its largest client: the pool chunks clients largest first,
+    whatever order they came in, and each still gets its own result."""
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=(16,)).to(DEVICE)
+    trainer = LocalTrainer(model, training=TRAINING, loss=make_loss("ce"))
+    clients = clients_of(digits, sizes=(5, 37, 12, 29))
+    start = trainer.layout.flatten()
+    calls: list[list[int]] = []
+
+    def recording(trainer_: LocalTrainer, jobs: Sequence[CohortJob]) -> list[Any]:
+        calls.append([job.data.num_samples for job in jobs])
+        return train_cohort(trainer_, jobs)
+
+    monkeypatch.setattr("secure_fl.runtime.pool.train_cohort", recording)
+    per_client = training_pool.client_bytes(trainer, clients[1].x, batch_size=TRAINING.batch_size, samples=37)
+    pool = ClientPool(trainer, memory_budget=2 * per_client)  # two clients a chunk
+    pending = [pool.submit(lambda t, c=c: (t.train(c, start, lr=0.05, shuffle=torch.Generator().manual_seed(
+        c.client_id)), None), {}) for c in clients]  # type: ignore[misc]
+    pool.resolve()
+    assert calls == [[37, 29], [12, 5]]
+    assert trainer._optimizer is None  # the pool never builds torch.optim's (its import alone is ~0.9 s)
+    for c, p in zip(clients, pending):
+        alone = trainer.train(c, start, lr=0.05, shuffle=torch.Generator().manual_seed(c.client_id))
+        torch.testing.assert_close(p.result()[0].vector, alone.vector, atol=1e-5, rtol=1e-4)  # type: ignore[union-attr]
+
+
 # --- the engine: vectorised and loop give the same run ---------------------------------------------
 
 METHODS = {
