@@ -13,10 +13,10 @@ somewhere in the middle. The pool runs that call twice:
    as it was before the call.
 2. **replay** (:meth:`ClientPool.resolve`, at the first use of any pending result): every job
    collected so far trains together (:func:`~secure_fl.training_pool.train_cohort`, chunked by a
-   memory estimate, largest clients first); then each method runs again from the same state and the same seeded
-   generators, and its ``ctx.train`` returns the cohort's result for that client. A loss the
-   method evaluated before ``ctx.train`` (``trainer.mean_loss``: CLIMB's f_i) is computed in the
-   collect run only; the replay gets the same value back.
+   memory estimate, largest clients first); then each method runs again from the same state and
+   the same seeded generators, and its ``ctx.train`` returns the cohort's result for that
+   client. A loss the method evaluated before ``ctx.train`` (``trainer.mean_loss``: CLIMB's f_i)
+   is computed in the collect run only; the replay gets the same value back.
 
 So a method's ``train`` must depend only on its context, its state and the seeded generators
 (every method here does); the objective is recorded in the first run and the shuffle generator
