@@ -72,10 +72,10 @@ def last_level_cache(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) ->
 
 
 def cpu_state_budget(cache: int | None) -> int:
-    """Three quarters of the last-level cache, within [16, 128] MiB; 128 MiB when it is unknown."""
+    """Half the last-level cache, within [16, 128] MiB; 128 MiB when it is unknown."""
     if cache is None:
         return 128 << 20
-    return min(128 << 20, max(16 << 20, cache * 3 // 4))
+    return min(128 << 20, max(16 << 20, cache // 2))
 
 
 CPU_STATE_BUDGET = cpu_state_budget(last_level_cache())
@@ -83,8 +83,10 @@ CPU_STATE_BUDGET = cpu_state_budget(last_level_cache())
 is also kept within the last-level cache: each step streams it several times. One FedAvg round of
 100 MLP clients (docs/performance.md, issue 24): with a 32 MiB L3 (AMD EPYC) and the hand-written
 MLP step, chunks of 16-24 MiB (5-8 clients) took 0.55 s, 64 MiB 0.65 s, 8 MiB (2 clients, where
-each step's fixed cost dominates) 0.68 s; with a 480 MiB L3 (Intel Xeon, before that step), 128
-MiB was the fastest of 16-512 MiB. The GPU takes the whole cohort its memory allows."""
+each step's fixed cost dominates) 0.68 s; on another day, when the same VM ran a fifth slower,
+12-16 MiB took 0.59-0.61 s and 24 MiB 0.62-0.66 s (a shared L3 holds less), hence half the L3.
+With a 480 MiB L3 (Intel Xeon, before that step), 128 MiB was the fastest of 16-512 MiB. The GPU
+takes the whole cohort its memory allows."""
 
 Attempt = Callable[[LocalTrainer], tuple[LocalUpdate, Any]]
 """One run of a node's ``method.train`` on the given trainer: (its update, its context)."""

@@ -455,7 +455,8 @@ def test_the_cpu_chunk_budget_follows_the_last_level_cache(tmp_path: Any) -> Non
         (tmp_path / index / "size").write_text(size + "\n")
     assert last_level_cache(tmp_path) == 32 << 20
     assert last_level_cache(tmp_path / "missing") is None
-    assert cpu_state_budget(32 << 20) == 24 << 20
+    assert cpu_state_budget(32 << 20) == 16 << 20
+    assert cpu_state_budget(96 << 20) == 48 << 20
     assert cpu_state_budget(480 << 20) == 128 << 20  # capped
     assert cpu_state_budget(4 << 20) == 16 << 20  # a chunk still amortises a step's fixed cost
     assert cpu_state_budget(None) == 128 << 20
